@@ -1,0 +1,34 @@
+# Finds the project's dependencies: LibTorch, Boost (headers: Boost.DLL),
+# TOML++, spdlog, CLI11, GoogleTest. Header-only libraries without a CMake
+# package on some machines (TOML++, CLI11 on the GPU host) fall back to a
+# plain header search, so `-DCMAKE_PREFIX_PATH=.deps` works there.
+find_package(Torch REQUIRED)
+find_package(Boost 1.74 REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(Threads REQUIRED)
+
+function(trainer_header_only target header)
+  if(TARGET ${target})
+    return()
+  endif()
+  find_path(_dir "${header}" REQUIRED)
+  add_library(${target} INTERFACE IMPORTED GLOBAL)
+  set_target_properties(${target} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_dir}")
+  unset(_dir CACHE)
+endfunction()
+
+find_package(tomlplusplus QUIET)
+trainer_header_only(tomlplusplus::tomlplusplus toml++/toml.h)
+find_package(CLI11 QUIET)
+trainer_header_only(CLI11::CLI11 CLI/CLI.hpp)
+
+# CUDA parts (the nccl backend, GPU tests) follow LibTorch unless told otherwise.
+set(TRAINER_HAS_CUDA OFF)
+if(TRAINER_CUDA STREQUAL "AUTO")
+  if(TARGET torch_cuda OR CUDA_FOUND)
+    set(TRAINER_HAS_CUDA ON)
+  endif()
+elseif(TRAINER_CUDA)
+  set(TRAINER_HAS_CUDA ON)
+endif()
+message(STATUS "trainer: LibTorch ${Torch_VERSION}, CUDA parts ${TRAINER_HAS_CUDA}")

@@ -1,0 +1,40 @@
+// AdamW and gradient-norm arithmetic on flat fp32 buffers, shared by every
+// strategy so that they differ only in which slice each rank updates.
+#pragma once
+
+#include <cstdint>
+
+#include <torch/types.h>
+
+namespace trainer {
+
+struct AdamWConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+/// First and second moments, same shape and device as the parameters.
+struct AdamWState {
+  torch::Tensor exp_avg;
+  torch::Tensor exp_avg_sq;
+};
+
+AdamWState adamw_init(const torch::Tensor& like);
+
+/// One AdamW update of `params` in place, with torch.optim.AdamW's
+/// arithmetic: decoupled decay p *= 1 - lr*wd (only when `decay`), moments,
+/// bias correction by `step` (1-based). `grads` is read, not modified.
+void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& state,
+                  const AdamWConfig& config, bool decay, double lr, int64_t step);
+
+/// Sum of squares of a flat buffer, accumulated in fp64 and returned on the
+/// host. Strategies add these per buffer (and across ranks) to get the norm.
+double squared_norm(const torch::Tensor& flat);
+
+/// torch.nn.utils.clip_grad_norm_'s coefficient: max_norm / (norm + 1e-6),
+/// capped at 1; 1 when max_norm <= 0 (clipping off).
+double clip_coefficient(double total_norm, double max_norm);
+
+}  // namespace trainer

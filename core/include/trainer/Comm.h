@@ -1,0 +1,57 @@
+// The communication interface (plugin kind "comm"): collectives on flat
+// tensors of one process group. Sums only: the accumulation contract never
+// averages in a collective.
+#pragma once
+
+#include <memory>
+
+#include <torch/types.h>
+
+#include "trainer/Plugin.h"
+
+namespace trainer {
+
+/// A collective in flight. wait() blocks until the result is in the output
+/// tensor (on CUDA: until it is ordered before later work on the current
+/// stream) and throws TrainingError if it failed or timed out.
+class CommWork {
+ public:
+  virtual ~CommWork();
+  virtual void wait() = 0;
+};
+
+/// Every rank must call the same collectives in the same order with tensors
+/// of equal size and dtype. Tensors must be contiguous.
+class Comm : public Component {
+ public:
+  ~Comm() override;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  /// In place: tensor = sum over ranks of tensor.
+  virtual std::unique_ptr<CommWork> all_reduce_sum_async(torch::Tensor tensor) = 0;
+  /// input has world_size * output.numel() elements; output = sum over ranks
+  /// of input's rank-th slice.
+  virtual std::unique_ptr<CommWork> reduce_scatter_sum_async(torch::Tensor input,
+                                                             torch::Tensor output) = 0;
+  /// output has world_size * input.numel() elements; rank r's input lands in
+  /// output's r-th slice.
+  virtual std::unique_ptr<CommWork> all_gather_async(torch::Tensor input, torch::Tensor output) = 0;
+  virtual std::unique_ptr<CommWork> broadcast_async(torch::Tensor tensor, int root) = 0;
+  virtual void barrier() = 0;
+
+  void all_reduce_sum(torch::Tensor tensor) { all_reduce_sum_async(tensor)->wait(); }
+  void reduce_scatter_sum(torch::Tensor input, torch::Tensor output) {
+    reduce_scatter_sum_async(input, output)->wait();
+  }
+  void all_gather(torch::Tensor input, torch::Tensor output) {
+    all_gather_async(input, output)->wait();
+  }
+  void broadcast(torch::Tensor tensor, int root) { broadcast_async(tensor, root)->wait(); }
+};
+
+/// A group of one process: every collective is the identity. Used at world
+/// size 1 so strategies never special-case it.
+std::unique_ptr<Comm> make_single_process_comm();
+
+}  // namespace trainer

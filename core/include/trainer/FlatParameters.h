@@ -1,0 +1,51 @@
+// Flat fp32 buffers of parameters, one per weight-decay group, and the shard
+// arithmetic ("which slice is mine") the ZeRO strategies share.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "trainer/Model.h"
+
+namespace trainer {
+
+/// Where one parameter lives inside its group's flat buffer.
+struct ParameterSlot {
+  std::string name;
+  torch::Tensor param;  ///< the model's tensor, now a view of the flat buffer
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
+/// Parameters with the same weight-decay setting, stored back to back.
+struct ParameterGroup {
+  bool decay = true;
+  torch::Tensor values;  ///< flat fp32, `padded_numel` elements; parameters are views of it
+  std::vector<ParameterSlot> slots;
+  int64_t numel = 0;         ///< sum of parameter sizes
+  int64_t padded_numel = 0;  ///< numel rounded up to a multiple of pad_to; the tail is zero
+};
+
+/// Moves every parameter into its group's flat buffer on `device` and makes
+/// the parameter a view of it (Tensor::set_data), so the model keeps working
+/// on the same tensor objects. Groups: decay first, then no-decay; empty
+/// groups are left out. Parameter order within a group is the model's.
+std::vector<ParameterGroup> flatten_parameters(const std::vector<NamedParameter>& params,
+                                               torch::Device device, int64_t pad_to);
+
+/// Makes each parameter's .grad a view of `grads` (laid out as
+/// group.values), so autograd accumulates in place into the flat buffer.
+void bind_gradients(ParameterGroup& group, const torch::Tensor& grads);
+
+/// The contiguous slice [offset, offset + numel) of a padded flat buffer that
+/// rank `rank` of `world_size` owns. padded_numel must divide evenly.
+struct Shard {
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+Shard shard_of(int64_t padded_numel, int rank, int world_size);
+
+}  // namespace trainer

@@ -1,0 +1,50 @@
+// The logger plugin interface: receives one record per optimizer step on
+// rank 0. No LibTorch here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "trainer/Plugin.h"
+
+namespace trainer {
+
+/// What a logger learns once, before the first step.
+struct RunInfo {
+  std::string name;
+  int64_t total_steps = 0;
+  int64_t first_step = 0;          ///< 0, or the step a resumed run starts at
+  int64_t global_batch_size = 0;   ///< samples per optimizer step
+  int64_t micro_batch_size = 0;
+  int64_t grad_accum_steps = 0;
+  int world_size = 1;
+  std::string strategy;
+  int64_t parameters = 0;          ///< model parameter count
+};
+
+/// One optimizer step. `loss` is (sum of token losses in the global batch) /
+/// target_tokens, the quantity the gradient is of.
+struct StepRecord {
+  int64_t step = 0;            ///< 1-based optimizer step
+  double loss = 0.0;
+  double grad_norm = 0.0;      ///< before clipping
+  double lr = 0.0;
+  int64_t target_tokens = 0;   ///< N_t
+  int64_t samples = 0;         ///< global batch size
+  int64_t input_tokens = 0;    ///< non-padding input positions in the global batch
+  double step_seconds = 0.0;   ///< wall time of this step
+  double elapsed_seconds = 0.0;
+  bool skipped = false;        ///< no update applied (no target tokens, or non-finite gradient)
+};
+
+/// Called on rank 0 only, from the training thread.
+class Logger : public Component {
+ public:
+  ~Logger() override;
+  virtual void start(const RunInfo& info) = 0;
+  virtual void log(const StepRecord& record) = 0;
+  /// Flushes; called once after the last step and on error paths.
+  virtual void finish() = 0;
+};
+
+}  // namespace trainer

@@ -1,0 +1,74 @@
+// The strategy plugin interface: how gradients are reduced and parameters
+// updated across ranks. The training loop owns the accumulation state
+// (micro-step index, boundary, N_t) and tells the strategy what happens.
+#pragma once
+
+#include <cstdint>
+
+#include <torch/types.h>
+
+#include "trainer/AdamW.h"
+#include "trainer/Comm.h"
+#include "trainer/Model.h"
+#include "trainer/Plugin.h"
+
+namespace trainer {
+
+/// What a strategy learns at setup besides its own options.
+struct StrategyEnv {
+  torch::Device device = torch::kCPU;
+  AdamWConfig adamw;
+};
+
+/// Announced before the first micro-step of optimizer step `step`.
+struct StepPlan {
+  int64_t step = 0;           ///< 0-based optimizer step
+  int64_t micro_steps = 1;    ///< micro-steps on this rank in this step
+  int64_t target_tokens = 0;  ///< N_t over the whole global batch (all ranks), > 0
+};
+
+struct MicroStep {
+  int64_t index = 0;  ///< 0-based within the optimizer step
+  bool is_last = false;
+};
+
+/// The update the loop decided on after reduce_gradients().
+struct UpdateArgs {
+  double lr = 0.0;
+  double grad_scale = 1.0;  ///< clipping coefficient, 1.0 when not clipping
+  int64_t adam_step = 1;    ///< 1-based count of applied updates (bias correction)
+};
+
+/// Per-rank bytes of model state, for checking the ZeRO memory formulas.
+struct MemoryReport {
+  int64_t parameter_bytes = 0;
+  int64_t gradient_bytes = 0;
+  int64_t optimizer_bytes = 0;               ///< master weights (if separate) + Adam moments
+  int64_t peak_gathered_parameter_bytes = 0; ///< zero3: largest live gathered units
+};
+
+/// Call order per optimizer step: begin_step, then for each micro-step
+/// forward and backward (the last with is_last), then reduce_gradients, then
+/// exactly one of apply_update or discard_gradients. After either, gradients
+/// are zero for the next step. Used from one thread.
+class Strategy : public Component {
+ public:
+  ~Strategy() override;
+  /// Takes over the model's parameters (e.g. into flat buffers on `device`).
+  /// The model outlives the strategy; `comm` too.
+  virtual void setup(Model& model, Comm& comm, const StrategyEnv& env) = 0;
+  virtual void begin_step(const StepPlan& plan) = 0;
+  /// Runs the model on one micro-batch. Strategies that shard parameters
+  /// gather them here; others just call model.forward.
+  virtual LossSum forward(Model& model, const Batch& batch) { return model.forward(batch); }
+  /// `loss` is loss_sum / N_t; the strategy backpropagates it unscaled.
+  virtual void backward(const torch::Tensor& loss, const MicroStep& micro) = 0;
+  /// Completes the reduction of this step's gradients; returns the L2 norm
+  /// of the whole gradient (all ranks' shards combined), before clipping.
+  virtual double reduce_gradients() = 0;
+  virtual void apply_update(const UpdateArgs& args) = 0;
+  virtual void discard_gradients() = 0;
+  virtual MemoryReport memory() const = 0;
+};
+
+}  // namespace trainer

@@ -1,0 +1,47 @@
+// Flat parameter buffers and shard arithmetic.
+#include "trainer/FlatParameters.h"
+
+#include <stdexcept>
+
+namespace trainer {
+
+std::vector<ParameterGroup> flatten_parameters(const std::vector<NamedParameter>& params,
+                                               torch::Device device, int64_t pad_to) {
+  torch::NoGradGuard no_grad;
+  std::vector<ParameterGroup> groups;
+  for (const bool decay : {true, false}) {
+    ParameterGroup group;
+    group.decay = decay;
+    for (const NamedParameter& p : params) {
+      if (p.decay != decay) continue;
+      group.slots.push_back(ParameterSlot{p.name, p.tensor, group.numel, p.tensor.numel()});
+      group.numel += p.tensor.numel();
+    }
+    if (group.slots.empty()) continue;
+    group.padded_numel = (group.numel + pad_to - 1) / pad_to * pad_to;
+    group.values = torch::zeros({group.padded_numel}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+    for (ParameterSlot& slot : group.slots) {
+      torch::Tensor view = group.values.narrow(0, slot.offset, slot.numel).view(slot.param.sizes());
+      view.copy_(slot.param);
+      slot.param.set_data(view);
+    }
+    groups.push_back(std::move(group));
+  }
+  return groups;
+}
+
+void bind_gradients(ParameterGroup& group, const torch::Tensor& grads) {
+  for (ParameterSlot& slot : group.slots) {
+    slot.param.mutable_grad() = grads.narrow(0, slot.offset, slot.numel).view(slot.param.sizes());
+  }
+}
+
+Shard shard_of(int64_t padded_numel, int rank, int world_size) {
+  if (padded_numel % world_size != 0) {
+    throw std::logic_error("shard_of: buffer size is not a multiple of the world size");
+  }
+  const int64_t numel = padded_numel / world_size;
+  return Shard{rank * numel, numel};
+}
+
+}  // namespace trainer

@@ -1,0 +1,18 @@
+// Reads metrics.jsonl files (one flat JSON object per optimizer step), for
+// `trainer compare` and the tests.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace trainer {
+
+/// Numeric fields of one record; booleans read as 0/1, null as NaN, and
+/// strings are dropped.
+using MetricsRow = std::map<std::string, double>;
+
+/// Throws InputError naming the file and line of a malformed record.
+std::vector<MetricsRow> read_metrics(const std::string& path);
+
+}  // namespace trainer

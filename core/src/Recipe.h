@@ -1,0 +1,65 @@
+// The recipe: a TOML file plus --set overrides, validated against the keys
+// the core sections and each chosen plugin declare.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "PluginRegistry.h"
+#include "trainer/Options.h"
+
+namespace trainer {
+
+/// A plugin chosen by a recipe table, with its validated options.
+struct ComponentChoice {
+  const LoadedPlugin* plugin = nullptr;
+  Options options;
+};
+
+struct Recipe {
+  std::string file;
+  Options run;
+  Options training;
+  Options optimizer;
+  Options lr_schedule;
+  Options distributed;
+  ComponentChoice model;
+  ComponentChoice dataset;
+  ComponentChoice strategy;
+  std::vector<ComponentChoice> loggers;  ///< always includes a jsonl logger writing metrics.jsonl
+
+  /// The recipe with every default filled in, as TOML: what the run used.
+  std::string resolved_toml() const;
+};
+
+/// Parses and validates. Overrides are "section.key=value" or
+/// "logger.N.key=value"; values are TOML literals, or bare strings.
+/// Throws InputError naming the file, line and key.
+Recipe load_recipe(const std::string& file, const std::vector<std::string>& overrides,
+                   PluginRegistry& registry);
+
+/// The core sections' declared keys, for `trainer validate` and the README.
+struct SectionSpec {
+  const char* name;
+  const KeySpec* keys;
+  size_t num_keys;
+};
+std::vector<SectionSpec> core_sections();
+
+/// The declared key closest to `key` by edit distance, or "" if none is close.
+std::string closest_key(const std::string& key, const std::vector<std::string>& candidates);
+
+/// How many samples each rank and micro-step takes.
+struct BatchShape {
+  int64_t micro_batch_size = 1;
+  int64_t grad_accum_steps = 1;
+  int world_size = 1;
+  int64_t global_batch_size() const { return micro_batch_size * grad_accum_steps * world_size; }
+};
+
+/// training.micro_batch_size and grad_accum_steps, or grad_accum_steps
+/// derived from training.global_batch_size; InputError when they disagree.
+BatchShape batch_shape(const Recipe& recipe, int world_size);
+
+}  // namespace trainer

@@ -1,0 +1,261 @@
+// The training loop, top to bottom: set up components, then per optimizer
+// step prefetch the micro-batches, count N_t, run forward/backward per
+// micro-step with loss_sum / N_t, reduce, clip, update, log.
+#include "TrainingLoop.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <torch/cuda.h>
+
+#include "LrSchedule.h"
+#include "Sampler.h"
+#include "trainer/Dataset.h"
+#include "trainer/Errors.h"
+#include "trainer/Log.h"
+#include "trainer/Logger.h"
+#include "trainer/Strategy.h"
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct MicroBatch {
+  Batch batch;
+  int64_t input_tokens = 0;  // non-padding input positions
+};
+
+// Pads samples to seq_len and turns target masks into labels (kIgnoreIndex
+// where a token does not count). Checks what the dataset returned.
+MicroBatch collate(const Dataset& dataset, const std::string& dataset_name, const std::vector<int64_t>& indices,
+                   torch::Device device) {
+  const int64_t rows = static_cast<int64_t>(indices.size());
+  const int64_t seq = dataset.seq_len();
+  const int64_t vocab = dataset.vocab_size();
+  torch::Tensor inputs = torch::zeros({rows, seq}, torch::kInt64);
+  torch::Tensor labels = torch::full({rows, seq}, kIgnoreIndex, torch::kInt64);
+  auto in = inputs.accessor<int64_t, 2>();
+  auto out = labels.accessor<int64_t, 2>();
+  MicroBatch micro;
+  for (int64_t row = 0; row < rows; ++row) {
+    const Sample sample = dataset.get(indices[row]);
+    const int64_t n = static_cast<int64_t>(sample.tokens.size());
+    if (n < 2 || n > seq + 1 || sample.target.size() != sample.tokens.size()) {
+      throw InputError(fmt::format("dataset '{}' sample {}: {} tokens and {} target flags; expected equal counts "
+                                   "between 2 and seq_len + 1 = {}",
+                                   dataset_name, indices[row], n, sample.target.size(), seq + 1));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (sample.tokens[i] < 0 || sample.tokens[i] >= vocab) {
+        throw InputError(fmt::format("dataset '{}' sample {}: token {} at position {} is outside [0, vocab_size = {})",
+                                     dataset_name, indices[row], sample.tokens[i], i, vocab));
+      }
+    }
+    for (int64_t i = 0; i + 1 < n; ++i) {
+      in[row][i] = sample.tokens[i];
+      if (sample.target[i + 1]) {
+        out[row][i] = sample.tokens[i + 1];
+        ++micro.batch.target_tokens;
+      }
+    }
+    micro.input_tokens += n - 1;
+  }
+  micro.batch.input_ids = inputs.to(device);
+  micro.batch.labels = labels.to(device);
+  return micro;
+}
+
+void write_file_atomically(const fs::path& path, const std::string& text) {
+  const fs::path temporary = path.string() + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw InputError(fmt::format("{}: cannot write", temporary.string()));
+  }
+  fs::rename(temporary, path);
+}
+
+// Loggers see finish() on every exit path, so files are flushed even when
+// training fails.
+class LoggerSet {
+ public:
+  explicit LoggerSet(std::vector<std::unique_ptr<Logger>> loggers) : loggers_(std::move(loggers)) {}
+  ~LoggerSet() {
+    for (auto& logger : loggers_) {
+      try {
+        logger->finish();
+      } catch (const std::exception& error) {
+        log::error(fmt::format("logger failed to finish: {}", error.what()));
+      }
+    }
+  }
+  void start(const RunInfo& info) {
+    for (auto& logger : loggers_) logger->start(info);
+  }
+  void log(const StepRecord& record) {
+    for (auto& logger : loggers_) logger->log(record);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Logger>> loggers_;
+};
+
+torch::Device device_of(const Recipe& recipe) {
+  if (recipe.run.text("device") == "cuda") {
+    if (!torch::cuda::is_available()) recipe.run.fail("device", "'cpu': this machine has no CUDA device");
+    return torch::Device(torch::kCUDA, 0);
+  }
+  return torch::kCPU;
+}
+
+LrSchedule schedule_of(const Recipe& recipe) {
+  LrSchedule schedule;
+  schedule.shape = recipe.lr_schedule.text("name");
+  schedule.peak_lr = recipe.optimizer.real("lr");
+  schedule.min_lr = recipe.lr_schedule.real("min_lr");
+  schedule.warmup_steps = recipe.lr_schedule.integer("warmup_steps");
+  schedule.total_steps = recipe.training.integer("steps");
+  return schedule;
+}
+
+AdamWConfig adamw_of(const Recipe& recipe) {
+  AdamWConfig config;
+  config.beta1 = recipe.optimizer.real("beta1");
+  config.beta2 = recipe.optimizer.real("beta2");
+  config.eps = recipe.optimizer.real("eps");
+  config.weight_decay = recipe.optimizer.real("weight_decay");
+  return config;
+}
+
+}  // namespace
+
+std::string output_dir_of(const Recipe& recipe) {
+  const std::string& dir = recipe.run.text("output_dir");
+  return dir.empty() ? (fs::path("runs") / recipe.run.text("name")).string() : dir;
+}
+
+void train(const Recipe& recipe) {
+  Context context;
+  context.output_dir = output_dir_of(recipe);
+  context.device = recipe.run.text("device");
+  context.seed = static_cast<uint64_t>(recipe.run.integer("seed"));
+  const torch::Device device = device_of(recipe);
+  fs::create_directories(context.output_dir);
+  write_file_atomically(fs::path(context.output_dir) / "recipe.toml", recipe.resolved_toml());
+
+  auto model = PluginRegistry::create<Model>(*recipe.model.plugin, recipe.model.options, context);
+  auto dataset = PluginRegistry::create<Dataset>(*recipe.dataset.plugin, recipe.dataset.options, context);
+  auto strategy = PluginRegistry::create<Strategy>(*recipe.strategy.plugin, recipe.strategy.options, context);
+  const std::string dataset_name = recipe.dataset.plugin->descriptor->name;
+  if (dataset->vocab_size() > model->vocab_size()) {
+    recipe.model.options.fail("vocab_size", fmt::format("at least the dataset's vocabulary size {}, got {}",
+                                                        dataset->vocab_size(), model->vocab_size()));
+  }
+  int64_t parameter_count = 0;
+  for (const NamedParameter& p : model->parameters()) parameter_count += p.tensor.numel();
+
+  std::unique_ptr<Comm> comm = make_single_process_comm();
+  strategy->setup(*model, *comm, StrategyEnv{device, adamw_of(recipe)});
+
+  const BatchShape shape = batch_shape(recipe, comm->world_size());
+  const int64_t global_batch_size = shape.global_batch_size();
+  const int64_t steps = recipe.training.integer("steps");
+  const double max_grad_norm = recipe.training.real("max_grad_norm");
+  const bool skip_nonfinite = recipe.training.text("on_nonfinite") == "skip";
+  const LrSchedule schedule = schedule_of(recipe);
+  GlobalBatchSampler sampler(context.seed, dataset->size(), /*shuffle=*/true);
+
+  std::vector<std::unique_ptr<Logger>> logger_list;
+  for (const ComponentChoice& choice : recipe.loggers) {
+    logger_list.push_back(PluginRegistry::create<Logger>(*choice.plugin, choice.options, context));
+  }
+  LoggerSet loggers(std::move(logger_list));
+  RunInfo info;
+  info.name = recipe.run.text("name");
+  info.total_steps = steps;
+  info.global_batch_size = global_batch_size;
+  info.micro_batch_size = shape.micro_batch_size;
+  info.grad_accum_steps = shape.grad_accum_steps;
+  info.world_size = shape.world_size;
+  info.strategy = recipe.strategy.plugin->descriptor->name;
+  info.parameters = parameter_count;
+  loggers.start(info);
+  log::info(fmt::format("training {} parameters for {} steps: global batch {} = micro-batch {} x {} accumulation "
+                        "steps x {} ranks, strategy {}, output {}",
+                        parameter_count, steps, global_batch_size, shape.micro_batch_size, shape.grad_accum_steps,
+                        shape.world_size, info.strategy, context.output_dir));
+
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point run_start = Clock::now();
+  int64_t applied_updates = 0;  // Adam's step count: advances once per applied optimizer step
+  for (int64_t step = 0; step < steps; ++step) {
+    const Clock::time_point step_start = Clock::now();
+    // Prefetch the whole accumulation window so N_t is known before the
+    // first backward (contract, point 2).
+    const std::vector<int64_t> global = sampler.global_batch(step, global_batch_size);
+    std::vector<MicroBatch> micro_batches;
+    for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
+      micro_batches.push_back(collate(*dataset, dataset_name, local_micro_batch(global, shape, comm->rank(), m), device));
+    }
+    int64_t local_counts[2] = {0, 0};
+    for (const MicroBatch& micro : micro_batches) {
+      local_counts[0] += micro.batch.target_tokens;
+      local_counts[1] += micro.input_tokens;
+    }
+    torch::Tensor counts = torch::tensor({local_counts[0], local_counts[1]}, torch::kInt64);
+    comm->all_reduce_sum(counts);
+    const int64_t target_tokens = counts[0].item<int64_t>();
+
+    StepRecord record;
+    record.step = step + 1;
+    record.lr = schedule.at(step);
+    record.target_tokens = target_tokens;
+    record.samples = global_batch_size;
+    record.input_tokens = counts[1].item<int64_t>();
+    if (target_tokens == 0) {  // contract, point 7: skip, never divide by zero
+      log::warn(fmt::format("step {}: the global batch has no target tokens; update skipped", step + 1));
+      record.skipped = true;
+    } else {
+      strategy->begin_step(StepPlan{step, shape.grad_accum_steps, target_tokens});
+      torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+      for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
+        const LossSum out = strategy->forward(*model, micro_batches[m].batch);
+        if (out.target_tokens != micro_batches[m].batch.target_tokens) {
+          throw TrainingError(fmt::format("model '{}' counted {} target tokens in a micro-batch that has {}",
+                                          recipe.model.plugin->descriptor->name, out.target_tokens,
+                                          micro_batches[m].batch.target_tokens));
+        }
+        loss_sum += out.loss_sum.detach().to(torch::kFloat64);
+        // Contract, point 3: divide by N_t once; nothing else scales.
+        strategy->backward(out.loss_sum / static_cast<double>(target_tokens),
+                           MicroStep{m, m == shape.grad_accum_steps - 1});
+      }
+      comm->all_reduce_sum(loss_sum);
+      record.loss = loss_sum.item<double>() / static_cast<double>(target_tokens);
+      record.grad_norm = strategy->reduce_gradients();
+      if (!std::isfinite(record.grad_norm) || !std::isfinite(record.loss)) {
+        const std::string what = fmt::format("step {}: non-finite loss {} or gradient norm {}", step + 1,
+                                             record.loss, record.grad_norm);
+        if (!skip_nonfinite) throw TrainingError(what + " (set training.on_nonfinite = 'skip' to skip such steps)");
+        log::warn(what + "; update skipped");
+        strategy->discard_gradients();
+        record.skipped = true;
+      } else {
+        ++applied_updates;
+        strategy->apply_update(UpdateArgs{record.lr, clip_coefficient(record.grad_norm, max_grad_norm), applied_updates});
+      }
+    }
+    const Clock::time_point step_end = Clock::now();
+    record.step_seconds = std::chrono::duration<double>(step_end - step_start).count();
+    record.elapsed_seconds = std::chrono::duration<double>(step_end - run_start).count();
+    loggers.log(record);
+  }
+}
+
+}  // namespace trainer

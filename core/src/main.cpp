@@ -1,0 +1,132 @@
+// The `trainer` command line: run, validate, plugins. Exit codes: 0 success,
+// 2 bad input (recipe, plugin, data, command line), 1 failure while training.
+#include <cstdio>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "PluginRegistry.h"
+#include "Recipe.h"
+#include "TrainingLoop.h"
+#include "trainer/Errors.h"
+#include "trainer/Log.h"
+
+namespace {
+
+using namespace trainer;
+
+constexpr int kExitTrainingFailed = 1;
+constexpr int kExitBadInput = 2;
+
+struct CommonArgs {
+  std::vector<std::string> plugin_dirs;
+  bool verbose = false;
+};
+
+PluginRegistry discover(const CommonArgs& args) {
+  PluginRegistry registry;
+  registry.discover(plugin_search_path(args.plugin_dirs));
+  return registry;
+}
+
+const char* type_name(ValueType type) {
+  switch (type) {
+    case ValueType::Bool: return "bool";
+    case ValueType::Int: return "int";
+    case ValueType::Float: return "float";
+    case ValueType::String: return "string";
+  }
+  return "?";
+}
+
+void print_keys(const KeySpec* keys, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    const KeySpec& k = keys[i];
+    std::string note = k.default_value ? fmt::format("default {}", k.default_value) : "required";
+    if (k.choices) note += fmt::format("; one of {}", k.choices);
+    fmt::print("  {:<22} {:<7} {:<28} {}\n", k.name, type_name(k.type), note, k.help);
+  }
+}
+
+int list_plugins(PluginRegistry& registry, const std::string& name) {
+  if (!name.empty()) {
+    bool found = false;
+    for (const LoadedPlugin& plugin : registry.plugins()) {
+      const PluginDescriptor& d = *plugin.descriptor;
+      if (name != d.name && name != plugin.file) continue;
+      found = true;
+      fmt::print("{} {} {}: {}\n  file: {}\n  recipe keys of [{}]:\n", kind_name(d.kind), d.name, d.version,
+                 d.description, plugin.file, kind_name(d.kind));
+      if (d.num_keys == 0) fmt::print("  (none besides name)\n");
+      print_keys(d.keys, d.num_keys);
+    }
+    if (!found) throw InputError(fmt::format("no plugin named '{}' (run `trainer plugins` for the list)", name));
+    return 0;
+  }
+  fmt::print("{:<9} {:<12} {:<9} {}\n", "KIND", "NAME", "VERSION", "FILE");
+  for (const LoadedPlugin& plugin : registry.plugins()) {
+    const PluginDescriptor& d = *plugin.descriptor;
+    fmt::print("{:<9} {:<12} {:<9} {}\n", kind_name(d.kind), d.name, d.version, plugin.file);
+  }
+  fmt::print("\nCore recipe sections:\n");
+  for (const SectionSpec& section : core_sections()) {
+    fmt::print("[{}]\n", section.name);
+    print_keys(section.keys, section.num_keys);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"trainer: train LibTorch models from a TOML recipe with run-time plugins"};
+  app.require_subcommand(1);
+  CommonArgs common;
+  app.add_option("--plugin-dir", common.plugin_dirs, "search this directory for plugins first (repeatable)");
+  app.add_flag("-v,--verbose", common.verbose, "debug logging");
+
+  std::string recipe_file;
+  std::vector<std::string> overrides;
+  CLI::App* run = app.add_subcommand("run", "train from a recipe");
+  run->add_option("recipe", recipe_file, "recipe file (TOML)")->required();
+  run->add_option("--set", overrides, "override a recipe key: section.key=value (repeatable)");
+
+  CLI::App* validate = app.add_subcommand("validate", "check a recipe and print it resolved");
+  validate->add_option("recipe", recipe_file, "recipe file (TOML)")->required();
+  validate->add_option("--set", overrides, "override a recipe key: section.key=value (repeatable)");
+
+  std::string plugin_name;
+  CLI::App* plugins = app.add_subcommand("plugins", "list plugins, or show one plugin's recipe keys");
+  plugins->add_option("name", plugin_name, "a plugin name or file: show its recipe keys");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    const int code = app.exit(error);
+    return code == 0 ? 0 : kExitBadInput;
+  }
+  log::set_verbose(common.verbose);
+  try {
+    PluginRegistry registry = discover(common);
+    if (plugins->parsed()) return list_plugins(registry, plugin_name);
+    const Recipe recipe = load_recipe(recipe_file, overrides, registry);
+    if (validate->parsed()) {
+      batch_shape(recipe, 1);
+      std::cout << recipe.resolved_toml();
+      log::info(fmt::format("{}: recipe is valid", recipe_file));
+      return 0;
+    }
+    train(recipe);
+    return 0;
+  } catch (const InputError& error) {
+    log::error(error.what());
+    return kExitBadInput;
+  } catch (const TrainingError& error) {
+    log::error(fmt::format("training failed: {}", error.what()));
+    return kExitTrainingFailed;
+  } catch (const std::exception& error) {
+    log::error(fmt::format("training failed: {}", error.what()));
+    return kExitTrainingFailed;
+  }
+}

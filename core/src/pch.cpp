@@ -1,0 +1,1 @@
+// Translation unit that builds the precompiled header shared by LibTorch targets.

@@ -1,0 +1,67 @@
+// Logger `console`: one progress line every `interval` steps on stdout:
+// step/total, loss, lr, gradient norm, tokens/s, ETA.
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "trainer/Logger.h"
+
+namespace {
+
+using namespace trainer;
+
+std::string clock_text(double seconds) {
+  const auto total = static_cast<long long>(seconds + 0.5);
+  return fmt::format("{}:{:02}:{:02}", total / 3600, (total / 60) % 60, total % 60);
+}
+
+class ConsoleLogger final : public Logger {
+ public:
+  explicit ConsoleLogger(const Options& options) : interval_(options.integer("interval")) {}
+
+  void start(const RunInfo& info) override {
+    total_steps_ = info.total_steps;
+    first_step_ = info.first_step;
+  }
+
+  void log(const StepRecord& r) override {
+    window_tokens_ += r.input_tokens;
+    window_seconds_ += r.step_seconds;
+    if (r.step % interval_ != 0 && r.step != first_step_ + 1 && r.step != total_steps_) return;
+    const double tokens_per_second = window_seconds_ > 0 ? window_tokens_ / window_seconds_ : 0.0;
+    const int64_t done = r.step - first_step_;
+    const double eta = done > 0 ? r.elapsed_seconds / done * (total_steps_ - r.step) : 0.0;
+    fmt::print("step {}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.1f}k tok/s | ETA {}{}\n", r.step,
+               total_steps_, r.loss, r.lr, r.grad_norm, tokens_per_second / 1000.0, clock_text(eta),
+               r.skipped ? " | skipped" : "");
+    std::fflush(stdout);
+    window_tokens_ = 0;
+    window_seconds_ = 0.0;
+  }
+
+  void finish() override { std::fflush(stdout); }
+
+ private:
+  int64_t interval_;
+  int64_t total_steps_ = 0;
+  int64_t first_step_ = 0;
+  double window_tokens_ = 0;
+  double window_seconds_ = 0.0;
+};
+
+constexpr KeySpec kKeys[] = {
+    {"interval", ValueType::Int, "10", "print every this many optimizer steps (and the first and last)", 1, 1e12},
+};
+
+Component* create(const Options& options, const Context&) { return new ConsoleLogger(options); }
+
+const PluginDescriptor* describe() {
+  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Logger, "console", "0.1.0",
+                                           "progress line on stdout", TRAINER_TORCH_VERSION,
+                                           kKeys, std::size(kKeys), &create};
+  return &descriptor;
+}
+
+}  // namespace
+
+TRAINER_PLUGIN(describe)

@@ -1,0 +1,69 @@
+// Logger `jsonl`: one JSON object per optimizer step, flushed per line so a
+// crash leaves only whole records. Doubles are written with 17 significant
+// digits, so two runs compare bit for bit from their files.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "trainer/Errors.h"
+#include "trainer/Log.h"
+#include "trainer/Logger.h"
+
+namespace {
+
+using namespace trainer;
+
+std::string number(double value) { return std::isfinite(value) ? fmt::format("{:.17g}", value) : "null"; }
+
+class JsonlLogger final : public Logger {
+ public:
+  JsonlLogger(const Options& options, const Context& context) {
+    path_ = std::filesystem::path(options.text("path"));
+    if (path_.is_relative()) path_ = std::filesystem::path(context.output_dir) / path_;
+  }
+
+  void start(const RunInfo& info) override {
+    if (info.first_step == 0 && std::filesystem::exists(path_)) {
+      log::warn(fmt::format("{}: replacing the metrics of an earlier run", path_.string()));
+    }
+    out_.open(path_, info.first_step == 0 ? std::ios::trunc : std::ios::app);
+    if (!out_) throw InputError(fmt::format("{}: cannot open for writing", path_.string()));
+  }
+
+  void log(const StepRecord& r) override {
+    out_ << fmt::format(
+        "{{\"step\":{},\"loss\":{},\"grad_norm\":{},\"lr\":{},\"target_tokens\":{},\"samples\":{},"
+        "\"input_tokens\":{},\"step_seconds\":{},\"skipped\":{}}}\n",
+        r.step, number(r.loss), number(r.grad_norm), number(r.lr), r.target_tokens, r.samples, r.input_tokens,
+        number(r.step_seconds), r.skipped ? "true" : "false");
+    out_.flush();
+    if (!out_) throw TrainingError(fmt::format("{}: write failed", path_.string()));
+  }
+
+  void finish() override {
+    if (out_.is_open()) out_.flush();
+  }
+
+ private:
+  std::filesystem::path path_;
+  std::ofstream out_;
+};
+
+constexpr KeySpec kKeys[] = {
+    {"path", ValueType::String, "'metrics.jsonl'", "output file, relative to the run's output directory"},
+};
+
+Component* create(const Options& options, const Context& context) { return new JsonlLogger(options, context); }
+
+const PluginDescriptor* describe() {
+  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Logger, "jsonl", "0.1.0",
+                                           "one JSON record per optimizer step", TRAINER_TORCH_VERSION,
+                                           kKeys, std::size(kKeys), &create};
+  return &descriptor;
+}
+
+}  // namespace
+
+TRAINER_PLUGIN(describe)
