@@ -93,10 +93,11 @@ class Origins {
  public:
   explicit Origins(std::string file) : file_(std::move(file)) {}
   void set_override(const std::string& path, const std::string& argument) { overrides_[path] = argument; }
-  std::string of(const std::string& path, const toml::node& node) const {
+  std::string of(const std::string& path, const toml::node& node) const { return of(path, node.source()); }
+  std::string of(const std::string& path, const toml::source_region& source) const {
     auto it = overrides_.find(path);
     if (it != overrides_.end()) return fmt::format("--set {}", it->second);
-    const auto& begin = node.source().begin;
+    const auto& begin = source.begin;
     return fmt::format("{}:{}:{}", file_, begin.line, begin.column);
   }
   const std::string& file() const { return file_; }
@@ -181,7 +182,7 @@ Options validate(const toml::table& table, const std::string& path, const std::s
     if (std::find(names.begin(), names.end(), name) == names.end()) {
       std::vector<std::string> valid = names;
       if (skip_name) valid.insert(valid.begin(), "name");
-      throw InputError(fmt::format("{}: [{}] unknown key '{}'{}", origins.of(path + "." + name, node),
+      throw InputError(fmt::format("{}: [{}] unknown key '{}'{}", origins.of(path + "." + name, key.source()),
                                    label, name, suggestion(name, valid)));
     }
   }
@@ -331,7 +332,7 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
   for (const auto& [key, node] : root) {
     const std::string name(key.str());
     if (std::find(known.begin(), known.end(), name) == known.end()) {
-      throw InputError(fmt::format("{}: unknown section [{}]{}", origins.of(name, node), name, suggestion(name, known)));
+      throw InputError(fmt::format("{}: unknown section [{}]{}", origins.of(name, key.source()), name, suggestion(name, known)));
     }
   }
 

@@ -123,9 +123,11 @@ class Qwen2Model final : public Model {
   // cos and sin of Hugging Face's rotary embedding, [1, 1, t, head_dim], in x's dtype.
   std::pair<Tensor, Tensor> rotary_tables(int64_t t, const Tensor& x) const {
     const int64_t d = config_.head_dim();
-    const auto wide = torch::TensorOptions().dtype(torch::kFloat32).device(x.device());
+    // Hugging Face computes the tables in fp32; an fp64 reference gets fp64.
+    const auto type = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+    const auto wide = torch::TensorOptions().dtype(type).device(x.device());
     const Tensor inv_freq =
-        1.0 / torch::pow(config_.rope_theta, torch::arange(0, d, 2, wide.dtype(torch::kInt64)).to(torch::kFloat32) / d);
+        1.0 / torch::pow(config_.rope_theta, torch::arange(0, d, 2, wide.dtype(torch::kInt64)).to(type) / d);
     const Tensor freqs = torch::outer(torch::arange(t, wide), inv_freq);
     const Tensor angles = torch::cat({freqs, freqs}, -1).view({1, 1, t, d});
     return {angles.cos().to(x.scalar_type()), angles.sin().to(x.scalar_type())};

@@ -1,0 +1,66 @@
+// Helpers shared by the tests: scratch directories, files, running the
+// trainer binary, reading metrics.
+#pragma once
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+#include <vector>
+
+#include "Metrics.h"
+
+namespace trainer::testing {
+
+/// A fresh, empty directory under the build tree for one test.
+inline std::string scratch_dir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::path(TRAINER_TEST_TMP) / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+inline std::string write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  ///< stdout and stderr together
+};
+
+inline CommandResult run_command(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return result;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+/// `trainer ARGS` from the build tree.
+inline CommandResult trainer(const std::string& args) { return run_command(std::string(TRAINER_BINARY) + " " + args); }
+
+inline std::string source_path(const std::string& relative) {
+  return (std::filesystem::path(TRAINER_SOURCE_DIR) / relative).string();
+}
+
+inline std::vector<double> column(const std::vector<MetricsRow>& rows, const std::string& key) {
+  std::vector<double> values;
+  for (const MetricsRow& row : rows) values.push_back(row.at(key));
+  return values;
+}
+
+}  // namespace trainer::testing

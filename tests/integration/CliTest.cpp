@@ -1,0 +1,140 @@
+// The command line: exit codes (0 ok, 2 bad input, 1 training failure), the
+// run's outputs, and every recipe in configs/ running.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "TestSupport.h"
+
+namespace trainer {
+namespace {
+
+using testing::CommandResult;
+using testing::read_file;
+using testing::scratch_dir;
+using testing::source_path;
+using testing::trainer;
+using testing::write_file;
+
+const std::string kQuickstart = source_path("configs/quickstart.toml");
+
+bool contains(const CommandResult& result, const std::string& text) {
+  return result.output.find(text) != std::string::npos;
+}
+
+TEST(Cli, RunWritesResolvedRecipeAndMetrics) {
+  const std::string dir = scratch_dir("CliRun");
+  const CommandResult result = trainer("run " + kQuickstart + " --set run.output_dir=" + dir + " --set training.steps=4");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result, "step 4/4 | loss ")) << result.output;  // the console progress line
+  const std::vector<MetricsRow> rows = read_metrics(dir + "/metrics.jsonl");
+  ASSERT_EQ(rows.size(), 4u);
+  for (const char* key : {"step", "loss", "grad_norm", "lr", "target_tokens", "samples"}) {
+    EXPECT_EQ(rows[0].count(key), 1u) << key;
+  }
+  EXPECT_EQ(rows[3].at("step"), 4);
+  EXPECT_EQ(rows[0].at("samples"), 8);
+  EXPECT_GT(rows[0].at("target_tokens"), 0);
+  // The resolved recipe records the override and validates on its own.
+  const std::string resolved = read_file(dir + "/recipe.toml");
+  EXPECT_NE(resolved.find("steps = 4"), std::string::npos) << resolved;
+  const CommandResult again = trainer("validate " + dir + "/recipe.toml");
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+}
+
+TEST(Cli, BadRecipesExitWithTwoAndNameTheProblem) {
+  const std::string dir = scratch_dir("CliBad");
+  struct Case {
+    std::string recipe;
+    std::string expected;
+  };
+  const std::string base = "[model]\nname = 'qwen2'\n[dataset]\nname = 'synthetic'\n";
+  const std::vector<Case> cases = {
+      {"[training\nsteps = 3\n", "bad.toml:1:"},
+      {base + "[training]\nstepz = 3\n", "unknown key 'stepz' (did you mean 'steps'?)"},
+      {base + "[training]\nsteps = 2.5\n", "[training] steps = 2.5: expected an integer"},
+      {base + "[optimizer]\nlr = -1.0\n", "[optimizer] lr = -1.0: expected a number >= 0"},
+      {"[model]\nname = 'gpt9'\n[dataset]\nname = 'synthetic'\n", "unknown model plugin 'gpt9'; available: qwen2"},
+      {base + "[model]\n", "bad.toml"},  // a table defined twice is a TOML error
+  };
+  for (const Case& c : cases) {
+    const std::string file = write_file(dir + "/bad.toml", c.recipe);
+    for (const char* command : {"validate ", "run "}) {
+      const CommandResult result = trainer(command + file);
+      EXPECT_EQ(result.exit_code, 2) << c.recipe << result.output;
+      EXPECT_TRUE(contains(result, c.expected)) << "expected '" << c.expected << "' in:\n" << result.output;
+    }
+  }
+}
+
+TEST(Cli, BrokenPluginFilesExitWithTwo) {
+  const std::string dir = scratch_dir("CliPlugin");
+  const std::string fixtures = TRAINER_FIXTURE_DIR;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {fixtures + "/not-a-plugin/trainer-fixture-not-a-plugin.so", "not a trainer plugin"},
+      {fixtures + "/bad-abi/trainer-fixture-badabi.so", "plugin ABI version 999 does not match"},
+  };
+  for (const auto& [file, expected] : cases) {
+    const std::string recipe = write_file(
+        dir + "/recipe.toml", "[model]\nname = 'qwen2'\n[dataset]\nname = 'synthetic'\n[[logger]]\nname = '" + file + "'\n");
+    const CommandResult result = trainer("validate " + recipe);
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_TRUE(contains(result, expected)) << result.output;
+  }
+  const CommandResult result = trainer("--plugin-dir " + fixtures + "/bad-abi plugins");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+}
+
+TEST(Cli, PluginsListsKindsNamesAndKeys) {
+  const CommandResult list = trainer("plugins");
+  ASSERT_EQ(list.exit_code, 0) << list.output;
+  for (const char* text : {"strategy  ddp", "model     qwen2", "dataset   synthetic", "logger    console",
+                           "logger    jsonl", "trainer-model-qwen2.so", "micro_batch_size"}) {
+    EXPECT_TRUE(contains(list, text)) << text << "\n" << list.output;
+  }
+  const CommandResult keys = trainer("plugins qwen2");
+  ASSERT_EQ(keys.exit_code, 0) << keys.output;
+  EXPECT_TRUE(contains(keys, "num_key_value_heads")) << keys.output;
+  EXPECT_EQ(trainer("plugins nosuch").exit_code, 2);
+}
+
+TEST(Cli, NonFiniteGradientFailsWithOneOrIsSkipped) {
+  // A huge learning rate sends the parameters to ~1e30 after one update;
+  // the next forward pass overflows.
+  const std::string dir = scratch_dir("CliNonFinite");
+  const std::string args = "run " + kQuickstart + " --set run.output_dir=" + dir +
+                           " --set training.steps=4 --set optimizer.lr=1e30 --set lr_schedule.warmup_steps=0";
+  const CommandResult failed = trainer(args);
+  EXPECT_EQ(failed.exit_code, 1) << failed.output;
+  EXPECT_TRUE(contains(failed, "non-finite")) << failed.output;
+  const CommandResult skipped = trainer(args + " --set training.on_nonfinite=skip");
+  ASSERT_EQ(skipped.exit_code, 0) << skipped.output;
+  const std::vector<MetricsRow> rows = read_metrics(dir + "/metrics.jsonl");
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0].at("skipped"), 0.0);
+  EXPECT_EQ(rows[3].at("skipped"), 1.0);
+}
+
+TEST(Cli, EveryConfigValidatesAndRuns) {
+  int configs = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(source_path("configs"))) {
+    if (entry.path().extension() != ".toml") continue;
+    ++configs;
+    const std::string dir = scratch_dir("CliConfig_" + entry.path().stem().string());
+    const std::string file = entry.path().string();
+    EXPECT_EQ(trainer("validate " + file).exit_code, 0) << file;
+    const CommandResult run = trainer("run " + file + " --set run.output_dir=" + dir + " --set training.steps=3");
+    EXPECT_EQ(run.exit_code, 0) << file << "\n" << run.output;
+    EXPECT_EQ(read_metrics(dir + "/metrics.jsonl").size(), 3u) << file;
+  }
+  EXPECT_GE(configs, 1);
+}
+
+TEST(Cli, BadCommandLineExitsWithTwo) {
+  EXPECT_EQ(trainer("fly").exit_code, 2);
+  EXPECT_EQ(trainer("run").exit_code, 2);
+  EXPECT_EQ(trainer("--help").exit_code, 0);
+}
+
+}  // namespace
+}  // namespace trainer

@@ -1,0 +1,58 @@
+// Flat parameter buffers: parameters become views, autograd accumulates into
+// the flat gradient buffer (adds, never overwrites), shards tile the buffer.
+#include "trainer/FlatParameters.h"
+
+#include <gtest/gtest.h>
+
+namespace trainer {
+namespace {
+
+std::vector<NamedParameter> two_parameters() {
+  torch::Tensor w = torch::arange(6, torch::kFloat32).view({2, 3}).set_requires_grad(true);
+  torch::Tensor b = torch::tensor({10.0f, 20.0f, 30.0f}).set_requires_grad(true);
+  return {{"w", w, true}, {"b", b, false}};
+}
+
+TEST(FlatParameters, ParametersBecomeViewsOfTheirGroup) {
+  std::vector<NamedParameter> params = two_parameters();
+  std::vector<ParameterGroup> groups = flatten_parameters(params, torch::kCPU, 4);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_TRUE(groups[0].decay);
+  EXPECT_EQ(groups[0].numel, 6);
+  EXPECT_EQ(groups[0].padded_numel, 8);
+  EXPECT_EQ(groups[1].padded_numel, 4);
+  EXPECT_EQ(groups[0].values[6].item<float>(), 0.0f);  // padding is zero
+  EXPECT_EQ(params[0].tensor[1][2].item<float>(), 5.0f);
+  groups[0].values.narrow(0, 0, 6).mul_(2);
+  EXPECT_EQ(params[0].tensor[1][2].item<float>(), 10.0f);  // the model's tensor sees the flat buffer
+  EXPECT_TRUE(params[0].tensor.requires_grad());
+}
+
+TEST(FlatParameters, BackwardAccumulatesIntoTheFlatGradientBuffer) {
+  std::vector<NamedParameter> params = two_parameters();
+  std::vector<ParameterGroup> groups = flatten_parameters(params, torch::kCPU, 1);
+  std::vector<torch::Tensor> grads;
+  for (ParameterGroup& group : groups) {
+    grads.push_back(torch::zeros_like(group.values));
+    bind_gradients(group, grads.back());
+  }
+  const torch::Tensor x = torch::tensor({1.0f, 2.0f, 3.0f});
+  auto loss = [&] { return (torch::matmul(params[0].tensor, x) * params[1].tensor.narrow(0, 0, 2)).sum(); };
+  loss().backward();
+  const torch::Tensor once_w = grads[0].clone(), once_b = grads[1].clone();
+  loss().backward();
+  EXPECT_TRUE(torch::equal(grads[0], 2 * once_w));
+  EXPECT_TRUE(torch::equal(grads[1], 2 * once_b));
+  EXPECT_TRUE(params[0].tensor.grad().is_alias_of(grads[0]));
+  // d/dw of sum_i b_i (w x)_i = b_i x_j: row 0 is 10 * x.
+  EXPECT_EQ(once_w[2].item<float>(), 30.0f);
+}
+
+TEST(Shard, ShardsTileTheBuffer) {
+  EXPECT_EQ(shard_of(12, 2, 4).offset, 6);
+  EXPECT_EQ(shard_of(12, 2, 4).numel, 3);
+  EXPECT_THROW(shard_of(10, 0, 4), std::logic_error);
+}
+
+}  // namespace
+}  // namespace trainer

@@ -1,0 +1,152 @@
+// Recipe parsing and validation: every bad input is an InputError naming the
+// file, the line or --set, the key and what was expected.
+#include "Recipe.h"
+
+#include <gtest/gtest.h>
+
+#include "TestSupport.h"
+
+namespace trainer {
+namespace {
+
+using testing::scratch_dir;
+using testing::write_file;
+
+constexpr const char* kMinimal = R"([model]
+name = "qwen2"
+
+[dataset]
+name = "synthetic"
+)";
+
+class RecipeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    registry_.discover({TRAINER_PLUGIN_DIR});
+    dir_ = scratch_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+
+  std::string recipe_file(const std::string& text) { return write_file(dir_ + "/recipe.toml", text); }
+
+  Recipe load(const std::string& text, const std::vector<std::string>& overrides = {}) {
+    return load_recipe(recipe_file(text), overrides, registry_);
+  }
+
+  // The message of the InputError that loading throws.
+  std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+    try {
+      load(text, overrides);
+    } catch (const InputError& error) {
+      return error.what();
+    }
+    ADD_FAILURE() << "no InputError for:\n" << text;
+    return "";
+  }
+
+  PluginRegistry registry_;
+  std::string dir_;
+};
+
+TEST_F(RecipeTest, DefaultsFillEveryDeclaredKey) {
+  const Recipe recipe = load(kMinimal);
+  EXPECT_EQ(recipe.training.integer("micro_batch_size"), 8);
+  EXPECT_EQ(recipe.training.text("precision"), "fp32");
+  EXPECT_EQ(recipe.model.options.integer("hidden_size"), 64);
+  EXPECT_EQ(std::string(recipe.strategy.plugin->descriptor->name), "ddp");
+  // Without [[logger]]: console, plus the jsonl logger that writes metrics.jsonl.
+  ASSERT_EQ(recipe.loggers.size(), 2u);
+  EXPECT_EQ(std::string(recipe.loggers[1].plugin->descriptor->name), "jsonl");
+  EXPECT_EQ(recipe.loggers[1].options.text("path"), "metrics.jsonl");
+}
+
+TEST_F(RecipeTest, ResolvedRecipeLoadsBackToItself) {
+  const Recipe recipe = load(std::string(kMinimal) + "[training]\nsteps = 7\n", {"optimizer.lr=0.25"});
+  const std::string resolved = recipe.resolved_toml();
+  const Recipe again = load(resolved);
+  EXPECT_EQ(again.resolved_toml(), resolved);
+  EXPECT_EQ(again.training.integer("steps"), 7);
+  EXPECT_EQ(again.optimizer.real("lr"), 0.25);
+}
+
+TEST_F(RecipeTest, SyntaxErrorNamesLineAndColumn) {
+  const std::string message = error_of("[training]\nsteps = = 3\n");
+  EXPECT_NE(message.find("recipe.toml:2:"), std::string::npos) << message;
+  EXPECT_NE(message.find("TOML syntax error"), std::string::npos) << message;
+}
+
+TEST_F(RecipeTest, UnknownKeySuggestsTheClosest) {
+  const std::string message = error_of(std::string(kMinimal) + "[training]\nmicro_batch = 4\n");
+  EXPECT_NE(message.find("recipe.toml:7:1: [training] unknown key 'micro_batch'"), std::string::npos) << message;
+  EXPECT_NE(message.find("did you mean 'micro_batch_size'?"), std::string::npos) << message;
+}
+
+TEST_F(RecipeTest, UnknownPluginKeySuggestsTheClosest) {
+  const std::string message = error_of("[model]\nname = \"qwen2\"\nhiden_size = 8\n[dataset]\nname = \"synthetic\"\n");
+  EXPECT_NE(message.find("[model] unknown key 'hiden_size' (did you mean 'hidden_size'?)"), std::string::npos)
+      << message;
+}
+
+TEST_F(RecipeTest, UnknownSectionSuggestsTheClosest) {
+  const std::string message = error_of(std::string(kMinimal) + "[trainig]\nsteps = 3\n");
+  EXPECT_NE(message.find("unknown section [trainig] (did you mean 'training'?)"), std::string::npos) << message;
+}
+
+TEST_F(RecipeTest, WrongTypeNamesKeyValueAndExpectation) {
+  const std::string message = error_of(std::string(kMinimal) + "[training]\nsteps = \"ten\"\n");
+  EXPECT_NE(message.find("recipe.toml:7:9: [training] steps = 'ten': expected an integer"), std::string::npos)
+      << message;
+}
+
+TEST_F(RecipeTest, OutOfRangeNamesTheRange) {
+  const std::string message = error_of(std::string(kMinimal) + "[training]\nmicro_batch_size = 0\n");
+  EXPECT_NE(message.find("[training] micro_batch_size = 0: expected an integer in [1, "), std::string::npos)
+      << message;
+}
+
+TEST_F(RecipeTest, ChoiceListsTheAllowedValues) {
+  const std::string message = error_of(std::string(kMinimal) + "[lr_schedule]\nname = \"step\"\n");
+  EXPECT_NE(message.find("[lr_schedule] name = 'step': expected one of constant|linear|cosine"), std::string::npos)
+      << message;
+}
+
+TEST_F(RecipeTest, UnknownPluginListsTheAvailableOnes) {
+  const std::string message = error_of(std::string(kMinimal) + "[strategy]\nname = \"zero9\"\n");
+  EXPECT_NE(message.find("unknown strategy plugin 'zero9'; available: ddp"), std::string::npos) << message;
+  EXPECT_NE(message.find("recipe.toml:7:8"), std::string::npos) << message;
+}
+
+TEST_F(RecipeTest, MissingModelIsNamed) {
+  const std::string message = error_of("[dataset]\nname = \"synthetic\"\n");
+  EXPECT_NE(message.find("[model] missing required key 'name'"), std::string::npos) << message;
+}
+
+TEST_F(RecipeTest, OverridesWinAndErrorsNameThem) {
+  EXPECT_EQ(load(kMinimal, {"training.steps=5"}).training.integer("steps"), 5);
+  EXPECT_EQ(load(kMinimal, {"run.name=bare-string"}).run.text("name"), "bare-string");
+  const Recipe with_logger = load(std::string(kMinimal) + "[[logger]]\nname = 'console'\n", {"logger.0.interval=3"});
+  EXPECT_EQ(with_logger.loggers[0].options.integer("interval"), 3);
+  EXPECT_NE(error_of(kMinimal, {"logger.0.interval=3"}).find("the recipe has no [[logger]] number 0"), std::string::npos);
+  const std::string message = error_of(kMinimal, {"training.steps=0"});
+  EXPECT_NE(message.find("--set training.steps=0: [training] steps = 0"), std::string::npos) << message;
+  EXPECT_NE(error_of(kMinimal, {"steps=3"}).find("expected section.key=value"), std::string::npos);
+}
+
+TEST_F(RecipeTest, GlobalBatchSizeDerivesAccumulation) {
+  const Recipe recipe = load(std::string(kMinimal) + "[training]\nmicro_batch_size = 2\nglobal_batch_size = 8\n");
+  EXPECT_EQ(batch_shape(recipe, 1).grad_accum_steps, 4);
+  EXPECT_EQ(batch_shape(recipe, 2).grad_accum_steps, 2);
+  EXPECT_THROW(batch_shape(recipe, 3), InputError);
+  const Recipe clash =
+      load(std::string(kMinimal) + "[training]\nmicro_batch_size = 2\ngrad_accum_steps = 3\nglobal_batch_size = 8\n");
+  EXPECT_THROW(batch_shape(clash, 1), InputError);
+}
+
+TEST(ClosestKey, FindsNearMissesOnly) {
+  const std::vector<std::string> keys = {"micro_batch_size", "grad_accum_steps", "steps"};
+  EXPECT_EQ(closest_key("stpes", keys), "steps");
+  EXPECT_EQ(closest_key("micro_batch", keys), "micro_batch_size");
+  EXPECT_EQ(closest_key("learning_rate", keys), "");
+}
+
+}  // namespace
+}  // namespace trainer
