@@ -50,7 +50,7 @@ constexpr KeySpec kScheduleKeys[] = {
 };
 constexpr KeySpec kDistributedKeys[] = {
     {"backend", VT::String, "'gloo'", "communication plugin when world size > 1", -kInf, kInf, "gloo|nccl"},
-    {"nproc", VT::Int, "1", "local worker processes (this version trains in one process)", 1, 1},
+    {"nproc", VT::Int, "1", "local worker processes `trainer run` starts (ignored under an external launcher)", 1, 4096},
     {"timeout_s", VT::Float, "300", "a collective or peer silent this long ends the job", 1, kInf},
 };
 

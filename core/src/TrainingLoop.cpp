@@ -7,11 +7,14 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <fmt/format.h>
+#include <ATen/Parallel.h>
 #include <torch/cuda.h>
 
 #include "LrSchedule.h"
+#include "Rendezvous.h"
 #include "Sampler.h"
 #include "trainer/Dataset.h"
 #include "trainer/Errors.h"
@@ -106,12 +109,36 @@ class LoggerSet {
   std::vector<std::unique_ptr<Logger>> loggers_;
 };
 
-torch::Device device_of(const Recipe& recipe) {
+torch::Device device_of(const Recipe& recipe, const WorldInfo& world) {
   if (recipe.run.text("device") == "cuda") {
     if (!torch::cuda::is_available()) recipe.run.fail("device", "'cpu': this machine has no CUDA device");
-    return torch::Device(torch::kCUDA, 0);
+    const int count = static_cast<int>(torch::cuda::device_count());
+    if (world.local_rank >= count) {
+      recipe.run.fail("device", fmt::format("one CUDA device per local rank: local rank {} but {} device(s)",
+                                            world.local_rank, count));
+    }
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank));
   }
   return torch::kCPU;
+}
+
+// World size 1 needs no rendezvous; otherwise join the store, check every
+// rank runs the same recipe, and connect the backend.
+std::unique_ptr<Comm> connect_comm(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& world,
+                                   const Context& context, torch::Device device) {
+  if (world.world_size == 1) return make_single_process_comm();
+  const std::string backend = recipe.distributed.text("backend");
+  if ((backend == "nccl") != device.is_cuda()) {
+    recipe.distributed.fail("backend", fmt::format("'{}' for run.device = '{}'", device.is_cuda() ? "nccl" : "gloo",
+                                                   recipe.run.text("device")));
+  }
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(recipe.distributed.real("timeout_s") * 1000));
+  c10::intrusive_ptr<c10d::Store> store = join_store(world, timeout);
+  check_same_recipe(*store, world, recipe.resolved_toml());
+  const LoadedPlugin& plugin = registry.find(PluginKind::Comm, backend);
+  auto comm = PluginRegistry::create<Comm>(plugin, Options("distributed", recipe.file, {}), context);
+  comm->connect(CommSetup{store, world.rank, world.world_size, timeout, device});
+  return comm;
 }
 
 LrSchedule schedule_of(const Recipe& recipe) {
@@ -140,14 +167,25 @@ std::string output_dir_of(const Recipe& recipe) {
   return dir.empty() ? (fs::path("runs") / recipe.run.text("name")).string() : dir;
 }
 
-void train(const Recipe& recipe) {
+void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& world) {
   Context context;
   context.output_dir = output_dir_of(recipe);
   context.device = recipe.run.text("device");
   context.seed = static_cast<uint64_t>(recipe.run.integer("seed"));
-  const torch::Device device = device_of(recipe);
-  fs::create_directories(context.output_dir);
-  write_file_atomically(fs::path(context.output_dir) / "recipe.toml", recipe.resolved_toml());
+  context.rank = world.rank;
+  context.world_size = world.world_size;
+  context.local_rank = world.local_rank;
+  log::set_rank(world.rank, world.world_size);
+  // Local ranks share the machine's cores instead of each taking all of them.
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  at::set_num_threads(std::max(1, cores / std::max(1, world.local_world_size)));
+  const torch::Device device = device_of(recipe, world);
+  const bool writer = world.rank == 0;  // only rank 0 writes files and metrics
+  if (writer) {
+    fs::create_directories(context.output_dir);
+    write_file_atomically(fs::path(context.output_dir) / "recipe.toml", recipe.resolved_toml());
+  }
+  std::unique_ptr<Comm> comm = connect_comm(recipe, registry, world, context, device);
 
   auto model = PluginRegistry::create<Model>(*recipe.model.plugin, recipe.model.options, context);
   auto dataset = PluginRegistry::create<Dataset>(*recipe.dataset.plugin, recipe.dataset.options, context);
@@ -160,7 +198,6 @@ void train(const Recipe& recipe) {
   int64_t parameter_count = 0;
   for (const NamedParameter& p : model->parameters()) parameter_count += p.tensor.numel();
 
-  std::unique_ptr<Comm> comm = make_single_process_comm();
   strategy->setup(*model, *comm, StrategyEnv{device, adamw_of(recipe)});
 
   const BatchShape shape = batch_shape(recipe, comm->world_size());
@@ -173,6 +210,7 @@ void train(const Recipe& recipe) {
 
   std::vector<std::unique_ptr<Logger>> logger_list;
   for (const ComponentChoice& choice : recipe.loggers) {
+    if (!writer) break;
     logger_list.push_back(PluginRegistry::create<Logger>(*choice.plugin, choice.options, context));
   }
   LoggerSet loggers(std::move(logger_list));
@@ -208,7 +246,7 @@ void train(const Recipe& recipe) {
       local_counts[0] += micro.batch.target_tokens;
       local_counts[1] += micro.input_tokens;
     }
-    torch::Tensor counts = torch::tensor({local_counts[0], local_counts[1]}, torch::kInt64);
+    torch::Tensor counts = torch::tensor({local_counts[0], local_counts[1]}, torch::kInt64).to(device);
     comm->all_reduce_sum(counts);
     const int64_t target_tokens = counts[0].item<int64_t>();
 

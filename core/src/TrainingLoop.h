@@ -2,6 +2,7 @@
 // index, boundary, N_t) and of the optimizer-step counters.
 #pragma once
 
+#include "Launcher.h"
 #include "Recipe.h"
 
 namespace trainer {
@@ -10,7 +11,9 @@ namespace trainer {
 /// outputs into the run's output directory. Throws InputError for bad input
 /// found while setting up (e.g. dataset and model disagree), TrainingError
 /// for failures while training.
-void train(const Recipe& recipe);
+/// `world` says which rank this process is; at world size > 1 the loop joins
+/// the rendezvous and loads the comm plugin named by distributed.backend.
+void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& world);
 
 /// The run's output directory: run.output_dir, or runs/<run.name>.
 std::string output_dir_of(const Recipe& recipe);

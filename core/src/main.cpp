@@ -1,11 +1,13 @@
 // The `trainer` command line: run, validate, plugins. Exit codes: 0 success,
 // 2 bad input (recipe, plugin, data, command line), 1 failure while training.
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "Launcher.h"
 #include "PluginRegistry.h"
 #include "Recipe.h"
 #include "TrainingLoop.h"
@@ -91,6 +93,9 @@ int main(int argc, char** argv) {
   CLI::App* run = app.add_subcommand("run", "train from a recipe");
   run->add_option("recipe", recipe_file, "recipe file (TOML)")->required();
   run->add_option("--set", overrides, "override a recipe key: section.key=value (repeatable)");
+  int nproc = 0;
+  run->add_option("--nproc", nproc, "start this many local workers (same as --set distributed.nproc=N)")
+      ->check(CLI::Range(1, 4096));
 
   CLI::App* validate = app.add_subcommand("validate", "check a recipe and print it resolved");
   validate->add_option("recipe", recipe_file, "recipe file (TOML)")->required();
@@ -107,6 +112,7 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : kExitBadInput;
   }
   log::set_verbose(common.verbose);
+  if (nproc > 0) overrides.push_back(fmt::format("distributed.nproc={}", nproc));
   try {
     PluginRegistry registry = discover(common);
     if (plugins->parsed()) return list_plugins(registry, plugin_name);
@@ -117,7 +123,18 @@ int main(int argc, char** argv) {
       log::info(fmt::format("{}: recipe is valid", recipe_file));
       return 0;
     }
-    train(recipe);
+    const int workers = static_cast<int>(recipe.distributed.integer("nproc"));
+    if (started_as_worker()) {
+      const WorldInfo world = world_from_environment();
+      if (workers > 1 && !std::getenv("TRAINER_WORKER")) {
+        log::warn(fmt::format("distributed.nproc = {} ignored: started by an external launcher ({}, world size {})",
+                              workers, world.source, world.world_size));
+      }
+      train(recipe, registry, world);
+      return 0;
+    }
+    if (workers > 1) return launch_local_workers(argc, argv, workers, recipe.distributed.real("timeout_s"));
+    train(recipe, registry, WorldInfo{});
     return 0;
   } catch (const InputError& error) {
     log::error(error.what());

@@ -3,8 +3,10 @@
 // averages in a collective.
 #pragma once
 
+#include <chrono>
 #include <memory>
 
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/types.h>
 
 #include "trainer/Plugin.h"
@@ -20,11 +22,25 @@ class CommWork {
   virtual void wait() = 0;
 };
 
+/// What a communication backend needs to join its process group.
+struct CommSetup {
+  c10::intrusive_ptr<c10d::Store> store;  ///< the job's rendezvous store (a prefix of it is the backend's)
+  int rank = 0;
+  int world_size = 1;
+  std::chrono::milliseconds timeout{300000};  ///< every collective fails after this long
+  torch::Device device = torch::kCPU;         ///< where the tensors passed to collectives live
+};
+
 /// Every rank must call the same collectives in the same order with tensors
-/// of equal size and dtype. Tensors must be contiguous.
+/// of equal size and dtype. Tensors must be contiguous. Collectives may be
+/// started from autograd hooks (another thread) but not concurrently with
+/// each other.
 class Comm : public Component {
  public:
   ~Comm() override;
+  /// Joins the process group; called once, before any collective. Throws
+  /// TrainingError when the peers cannot be reached within the timeout.
+  virtual void connect(const CommSetup& setup) = 0;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
 

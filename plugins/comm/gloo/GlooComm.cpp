@@ -1,0 +1,123 @@
+// Comm `gloo`: collectives on CPU tensors through LibTorch's c10d Gloo
+// process group. LibTorch 1.13's Gloo group has no reduce-scatter; it is
+// composed from an all-reduce (see reduce_scatter_sum_async).
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "trainer/Comm.h"
+#include "trainer/Errors.h"
+
+namespace {
+
+using namespace trainer;
+
+// Waits on a c10d work with the job's timeout and turns its failure (a dead
+// or silent peer) into a TrainingError naming the collective. `then` runs
+// after a successful wait (e.g. copying a slice out).
+class GlooWork final : public CommWork {
+ public:
+  GlooWork(c10::intrusive_ptr<c10d::Work> work, const char* what, std::chrono::milliseconds timeout,
+           std::function<void()> then = {})
+      : work_(std::move(work)), what_(what), timeout_(timeout), then_(std::move(then)) {}
+
+  void wait() override {
+    try {
+      work_->wait(timeout_);
+    } catch (const std::exception& error) {
+      throw TrainingError(fmt::format("gloo {} failed (a peer died or stayed silent for {} s?): {}", what_,
+                                      timeout_.count() / 1000.0, error.what()));
+    }
+    if (then_) then_();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  const char* what_;
+  std::chrono::milliseconds timeout_;
+  std::function<void()> then_;
+};
+
+class GlooComm final : public Comm {
+ public:
+  void connect(const CommSetup& setup) override {
+    if (setup.device.is_cuda()) throw InputError("comm 'gloo' runs on CPU tensors: use backend 'nccl' for CUDA");
+    rank_ = setup.rank;
+    world_size_ = setup.world_size;
+    timeout_ = setup.timeout;
+    auto options = c10d::ProcessGroupGloo::Options::create(setup.timeout);
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    try {
+      group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("gloo", setup.store), rank_, world_size_, options);
+    } catch (const std::exception& error) {
+      throw TrainingError(fmt::format("rank {}: gloo cannot connect to its {} peers: {}", rank_, world_size_ - 1,
+                                      error.what()));
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+
+  std::unique_ptr<CommWork> all_reduce_sum_async(torch::Tensor tensor) override {
+    std::vector<at::Tensor> tensors{tensor};
+    return std::make_unique<GlooWork>(group_->allreduce(tensors), "all-reduce", timeout_);
+  }
+
+  std::unique_ptr<CommWork> reduce_scatter_sum_async(torch::Tensor input, torch::Tensor output) override {
+    check_sizes(input, output, "reduce-scatter");
+    // Composed: all-reduce a copy of the whole input, keep this rank's
+    // slice. Costs world_size times the bandwidth of a native one, but is
+    // exact: the sum is the same sum.
+    torch::Tensor whole = input.clone();
+    std::vector<at::Tensor> tensors{whole};
+    const int64_t offset = rank_ * output.numel();
+    return std::make_unique<GlooWork>(group_->allreduce(tensors), "reduce-scatter", timeout_,
+                                      [whole, output, offset]() mutable {
+                                        output.copy_(whole.narrow(0, offset, output.numel()));
+                                      });
+  }
+
+  std::unique_ptr<CommWork> all_gather_async(torch::Tensor input, torch::Tensor output) override {
+    check_sizes(output, input, "all-gather");
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < world_size_; ++r) outputs[0].push_back(output.narrow(0, r * input.numel(), input.numel()));
+    std::vector<at::Tensor> inputs{input};
+    return std::make_unique<GlooWork>(group_->allgather(outputs, inputs), "all-gather", timeout_);
+  }
+
+  std::unique_ptr<CommWork> broadcast_async(torch::Tensor tensor, int root) override {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    return std::make_unique<GlooWork>(group_->broadcast(tensors, options), "broadcast", timeout_);
+  }
+
+  void barrier() override { GlooWork(group_->barrier(), "barrier", timeout_).wait(); }
+
+ private:
+  void check_sizes(const torch::Tensor& whole, const torch::Tensor& part, const char* what) const {
+    if (whole.numel() != part.numel() * world_size_ || whole.scalar_type() != part.scalar_type()) {
+      throw std::invalid_argument(fmt::format("gloo {}: {} elements are not world size {} x {} of the same dtype",
+                                              what, whole.numel(), world_size_, part.numel()));
+    }
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::chrono::milliseconds timeout_{300000};
+};
+
+Component* create(const Options&, const Context&) { return new GlooComm(); }
+
+const PluginDescriptor* describe() {
+  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Comm, "gloo", "0.1.0",
+                                           "CPU collectives through c10d's Gloo process group",
+                                           TRAINER_TORCH_VERSION, nullptr, 0, &create};
+  return &descriptor;
+}
+
+}  // namespace
+
+TRAINER_PLUGIN(describe)
