@@ -6,7 +6,7 @@
 namespace trainer {
 
 std::vector<ParameterGroup> flatten_parameters(const std::vector<NamedParameter>& params,
-                                               torch::Device device, int64_t pad_to) {
+                                               torch::Device device, int64_t pad_to, torch::Dtype dtype) {
   torch::NoGradGuard no_grad;
   std::vector<ParameterGroup> groups;
   for (const bool decay : {true, false}) {
@@ -19,7 +19,7 @@ std::vector<ParameterGroup> flatten_parameters(const std::vector<NamedParameter>
     }
     if (group.slots.empty()) continue;
     group.padded_numel = (group.numel + pad_to - 1) / pad_to * pad_to;
-    group.values = torch::zeros({group.padded_numel}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+    group.values = torch::zeros({group.padded_numel}, torch::TensorOptions().dtype(dtype).device(device));
     for (ParameterSlot& slot : group.slots) {
       torch::Tensor view = group.values.narrow(0, slot.offset, slot.numel).view(slot.param.sizes());
       view.copy_(slot.param);

@@ -294,6 +294,12 @@ toml::table component_table(const ComponentChoice& choice) {
 
 }  // namespace
 
+Options plugin_options(const LoadedPlugin& plugin, const std::string& table_text) {
+  const toml::table table = toml::parse(table_text);
+  const PluginDescriptor& d = *plugin.descriptor;
+  return validate(table, d.name, d.name, d.keys, d.num_keys, Origins(plugin.file), false);
+}
+
 std::vector<SectionSpec> core_sections() {
   return {section("run", kRunKeys), section("training", kTrainingKeys), section("optimizer", kOptimizerKeys),
           section("lr_schedule", kScheduleKeys), section("distributed", kDistributedKeys)};

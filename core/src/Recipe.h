@@ -39,6 +39,11 @@ struct Recipe {
 Recipe load_recipe(const std::string& file, const std::vector<std::string>& overrides,
                    PluginRegistry& registry);
 
+/// Validates a TOML table given as text (e.g. "hidden_size = 16") against a
+/// plugin's declared keys, filling defaults; for tools that build components
+/// without a recipe file (the conformance kit).
+Options plugin_options(const LoadedPlugin& plugin, const std::string& table_text);
+
 /// The core sections' declared keys, for `trainer validate` and the README.
 struct SectionSpec {
   const char* name;

@@ -51,4 +51,19 @@ void check_same_recipe(c10d::Store& store, const WorldInfo& world, const std::st
   }
 }
 
+std::unique_ptr<Comm> connect_world(PluginRegistry& registry, const std::string& backend, const WorldInfo& world,
+                                    std::chrono::milliseconds timeout, torch::Device device,
+                                    const std::string& fingerprint) {
+  if (world.world_size == 1) return make_single_process_comm();
+  c10::intrusive_ptr<c10d::Store> store = join_store(world, timeout);
+  check_same_recipe(*store, world, fingerprint);
+  Context context;
+  context.rank = world.rank;
+  context.world_size = world.world_size;
+  context.local_rank = world.local_rank;
+  auto comm = PluginRegistry::create<Comm>(registry.find(PluginKind::Comm, backend), Options(), context);
+  comm->connect(CommSetup{store, world.rank, world.world_size, timeout, device});
+  return comm;
+}
+
 }  // namespace trainer

@@ -8,6 +8,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "Launcher.h"
+#include "PluginRegistry.h"
+#include "trainer/Comm.h"
 
 namespace trainer {
 
@@ -19,5 +21,12 @@ c10::intrusive_ptr<c10d::Store> join_store(const WorldInfo& world, std::chrono::
 /// Every rank publishes a hash of its resolved recipe and compares with
 /// everyone's: a mismatch is an InputError on every rank.
 void check_same_recipe(c10d::Store& store, const WorldInfo& world, const std::string& resolved_recipe);
+
+/// The whole join for world size > 1: store, same-job check on
+/// `fingerprint` (the resolved recipe), the comm plugin `backend`, connected.
+/// World size 1 gets the single-process group.
+std::unique_ptr<Comm> connect_world(PluginRegistry& registry, const std::string& backend, const WorldInfo& world,
+                                    std::chrono::milliseconds timeout, torch::Device device,
+                                    const std::string& fingerprint);
 
 }  // namespace trainer

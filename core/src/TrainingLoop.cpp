@@ -122,23 +122,16 @@ torch::Device device_of(const Recipe& recipe, const WorldInfo& world) {
   return torch::kCPU;
 }
 
-// World size 1 needs no rendezvous; otherwise join the store, check every
-// rank runs the same recipe, and connect the backend.
+// World size 1 needs no rendezvous; otherwise the backend must suit the device.
 std::unique_ptr<Comm> connect_comm(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& world,
-                                   const Context& context, torch::Device device) {
-  if (world.world_size == 1) return make_single_process_comm();
+                                   torch::Device device) {
   const std::string backend = recipe.distributed.text("backend");
-  if ((backend == "nccl") != device.is_cuda()) {
+  if (world.world_size > 1 && (backend == "nccl") != device.is_cuda()) {
     recipe.distributed.fail("backend", fmt::format("'{}' for run.device = '{}'", device.is_cuda() ? "nccl" : "gloo",
                                                    recipe.run.text("device")));
   }
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(recipe.distributed.real("timeout_s") * 1000));
-  c10::intrusive_ptr<c10d::Store> store = join_store(world, timeout);
-  check_same_recipe(*store, world, recipe.resolved_toml());
-  const LoadedPlugin& plugin = registry.find(PluginKind::Comm, backend);
-  auto comm = PluginRegistry::create<Comm>(plugin, Options("distributed", recipe.file, {}), context);
-  comm->connect(CommSetup{store, world.rank, world.world_size, timeout, device});
-  return comm;
+  return connect_world(registry, backend, world, timeout, device, recipe.resolved_toml());
 }
 
 LrSchedule schedule_of(const Recipe& recipe) {
@@ -185,7 +178,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
     fs::create_directories(context.output_dir);
     write_file_atomically(fs::path(context.output_dir) / "recipe.toml", recipe.resolved_toml());
   }
-  std::unique_ptr<Comm> comm = connect_comm(recipe, registry, world, context, device);
+  std::unique_ptr<Comm> comm = connect_comm(recipe, registry, world, device);
 
   auto model = PluginRegistry::create<Model>(*recipe.model.plugin, recipe.model.options, context);
   auto dataset = PluginRegistry::create<Dataset>(*recipe.dataset.plugin, recipe.dataset.options, context);

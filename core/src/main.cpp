@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "Conformance.h"
 #include "Launcher.h"
 #include "PluginRegistry.h"
 #include "Recipe.h"
@@ -105,6 +106,19 @@ int main(int argc, char** argv) {
   CLI::App* plugins = app.add_subcommand("plugins", "list plugins, or show one plugin's recipe keys");
   plugins->add_option("name", plugin_name, "a plugin name or file: show its recipe keys");
 
+  ConformanceRequest check;
+  std::vector<std::string> split_texts;
+  std::string rank_report;
+  CLI::App* check_plugin_cmd =
+      app.add_subcommand("check-plugin", "run the conformance kit (the accumulation contract) on a strategy plugin");
+  check_plugin_cmd->add_option("strategy", check.strategy, "strategy plugin name or .so path")->required();
+  check_plugin_cmd->add_option("--split", split_texts, "micro,accum,world with product 8 (repeatable; default: six splits)");
+  check_plugin_cmd->add_option("--device", check.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  check_plugin_cmd->add_option("--backend", check.backend, "comm plugin for world size > 1");
+  check_plugin_cmd->add_option("--timeout", check.timeout_s, "seconds before a silent peer fails a split");
+  check_plugin_cmd->add_option("--report", check.report, "write one JSON row per split and rank here");
+  check_plugin_cmd->add_option("--rank-report", rank_report, "(internal) worker output directory")->group("");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -116,6 +130,18 @@ int main(int argc, char** argv) {
   try {
     PluginRegistry registry = discover(common);
     if (plugins->parsed()) return list_plugins(registry, plugin_name);
+    if (check_plugin_cmd->parsed()) {
+      for (const std::string& text : split_texts) check.splits.push_back(parse_split(text));
+      if (check.splits.empty()) check.splits = default_splits();
+      if (!rank_report.empty()) {  // a worker of one split
+        const WorldInfo world = world_from_environment();
+        log::set_rank(world.rank, world.world_size);
+        run_conformance_worker(registry, check, check.splits.at(0), world,
+                               rank_report + "/rank" + std::to_string(world.rank) + ".jsonl");
+        return 0;
+      }
+      return check_plugin(registry, check, "/proc/self/exe");
+    }
     const Recipe recipe = load_recipe(recipe_file, overrides, registry);
     if (validate->parsed()) {
       batch_shape(recipe, 1);

@@ -23,7 +23,7 @@ struct ParameterSlot {
 /// Parameters with the same weight-decay setting, stored back to back.
 struct ParameterGroup {
   bool decay = true;
-  torch::Tensor values;  ///< flat fp32, `padded_numel` elements; parameters are views of it
+  torch::Tensor values;  ///< flat (fp32), `padded_numel` elements; parameters are views of it
   std::vector<ParameterSlot> slots;
   int64_t numel = 0;         ///< sum of parameter sizes
   int64_t padded_numel = 0;  ///< numel rounded up to a multiple of pad_to; the tail is zero
@@ -33,8 +33,10 @@ struct ParameterGroup {
 /// the parameter a view of it (Tensor::set_data), so the model keeps working
 /// on the same tensor objects. Groups: decay first, then no-decay; empty
 /// groups are left out. Parameter order within a group is the model's.
+/// `dtype` is fp32 for training; the conformance kit's reference uses fp64.
 std::vector<ParameterGroup> flatten_parameters(const std::vector<NamedParameter>& params,
-                                               torch::Device device, int64_t pad_to);
+                                               torch::Device device, int64_t pad_to,
+                                               torch::Dtype dtype = torch::kFloat32);
 
 /// Makes each parameter's .grad a view of `grads` (laid out as
 /// group.values), so autograd accumulates in place into the flat buffer.

@@ -47,6 +47,14 @@ struct MemoryReport {
   int64_t peak_gathered_parameter_bytes = 0; ///< zero3: largest live gathered units
 };
 
+/// A piece of the flat layout that flatten_parameters() defines (group
+/// `group`, elements [offset, offset + values.numel())) held by this rank.
+struct FlatSlice {
+  size_t group = 0;
+  int64_t offset = 0;
+  torch::Tensor values;
+};
+
 /// Call order per optimizer step: begin_step, then for each micro-step
 /// forward and backward (the last with is_last), then reduce_gradients, then
 /// exactly one of apply_update or discard_gradients. After either, gradients
@@ -69,6 +77,12 @@ class Strategy : public Component {
   virtual void apply_update(const UpdateArgs& args) = 0;
   virtual void discard_gradients() = 0;
   virtual MemoryReport memory() const = 0;
+
+  /// After reduce_gradients(): the reduced gradient this rank holds (all of
+  /// it, or its shard), padding excluded. For the conformance kit.
+  virtual std::vector<FlatSlice> gradient_slices() const = 0;
+  /// The fp32 parameter values this rank updates (all, or its shard).
+  virtual std::vector<FlatSlice> parameter_slices() const = 0;
 };
 
 }  // namespace trainer

@@ -96,6 +96,18 @@ class DdpStrategy final : public Strategy {
     return report;
   }
 
+  std::vector<FlatSlice> gradient_slices() const override {
+    std::vector<FlatSlice> slices;
+    for (size_t g = 0; g < groups_.size(); ++g) slices.push_back({g, 0, grads_[g]});
+    return slices;
+  }
+
+  std::vector<FlatSlice> parameter_slices() const override {
+    std::vector<FlatSlice> slices;
+    for (size_t g = 0; g < groups_.size(); ++g) slices.push_back({g, 0, groups_[g].values});
+    return slices;
+  }
+
  private:
   void build_buckets() {
     const int64_t bucket_numel = std::max<int64_t>(1, bucket_bytes_ / 4);

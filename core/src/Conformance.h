@@ -1,0 +1,59 @@
+// The conformance kit: the accumulation contract checked on any strategy
+// plugin against a single-process fp64 reference (`trainer check-plugin`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "Launcher.h"
+#include "PluginRegistry.h"
+
+namespace trainer {
+
+/// One split of the kit's global batch of 8: micro-batch size x
+/// accumulation steps x world size.
+struct Split {
+  int64_t micro = 8;
+  int64_t accum = 1;
+  int world = 1;
+  std::string text() const;
+};
+
+/// "m,a,w" -> Split; InputError unless m * a * w == 8.
+Split parse_split(const std::string& text);
+std::vector<Split> default_splits();
+
+struct ConformanceRequest {
+  std::string strategy;   ///< plugin name or .so path
+  std::vector<Split> splits;
+  std::string device = "cpu";
+  std::string backend = "gloo";
+  double timeout_s = 120;
+  std::string report;     ///< JSONL output: one row per split and rank
+};
+
+/// Norm-wise relative errors one rank measured for one split.
+struct ConformanceRow {
+  std::string split;
+  int rank = 0;
+  double grad_error = 0;   ///< ||g - g_ref|| / ||g_ref|| over the slices this rank holds
+  double norm_error = 0;   ///< |reported norm - reference norm| / reference norm
+  double param_error = 0;  ///< parameter change after 5 clipped AdamW steps, vs the reference's
+  double masked = 0;       ///< share of elements left out of param_error (near-zero reference gradient)
+};
+
+/// Tolerances of the contract in fp32 (their origin is in Conformance.cpp).
+inline constexpr double kGradTolerance = 1e-5;
+inline constexpr double kParamTolerance = 1e-4;
+
+/// Runs every split (spawning world-size workers of this executable with
+/// `worker_args` appended), prints a table, writes the report; returns 0
+/// when every rank of every split passes, 1 otherwise.
+int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, const std::string& executable);
+
+/// One split on this process's rank; writes its row to `rank_report`.
+void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& request, const Split& split,
+                            const WorldInfo& world, const std::string& rank_report);
+
+}  // namespace trainer

@@ -1,0 +1,86 @@
+// The accumulation contract, enforced: every strategy plugin passes the kit
+// at every split of the global batch, and the kit rejects accumulators that
+// are wrong in the ways popular frameworks have been.
+#include <gtest/gtest.h>
+
+#include <torch/cuda.h>
+
+#include "TestSupport.h"
+
+namespace trainer {
+namespace {
+
+using testing::scratch_dir;
+using testing::trainer;
+
+struct Case {
+  std::string strategy;
+  std::string split;  // micro,accum,world
+};
+
+void PrintTo(const Case& c, std::ostream* out) { *out << c.strategy << " " << c.split; }
+
+std::string name_of(const ::testing::TestParamInfo<Case>& info) {
+  std::string split = info.param.split;
+  for (char& c : split) c = c == ',' ? 'x' : c;
+  return info.param.strategy + "_" + split;
+}
+
+class Conformance : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Conformance, MatchesTheFp64Reference) {
+  const Case& c = GetParam();
+  const std::string dir = scratch_dir("Conformance_" + name_of({c, 0}));
+  const auto result = trainer("check-plugin " + c.strategy + " --split " + c.split + " --report " + dir + "/report.jsonl");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const std::vector<MetricsRow> rows = read_metrics(dir + "/report.jsonl");
+  ASSERT_EQ(static_cast<int>(rows.size()), std::stoi(c.split.substr(c.split.rfind(',') + 1)));
+  for (const MetricsRow& row : rows) {
+    // Tolerances of the contract (origin in core/src/Conformance.cpp).
+    EXPECT_LE(row.at("grad_error"), 1e-5) << "rank " << row.at("rank");
+    EXPECT_LE(row.at("norm_error"), 1e-5) << "rank " << row.at("rank");
+    EXPECT_LE(row.at("param_error"), 1e-4) << "rank " << row.at("rank");
+  }
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (const char* strategy : {"ddp"}) {
+    for (const char* split : {"8,1,1", "2,4,1", "1,8,1", "4,1,2", "2,2,2", "1,2,4"}) cases.push_back({strategy, split});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, Conformance, ::testing::ValuesIn(all_cases()), name_of);
+
+// The kit can fail: each broken accumulator is caught, by a wide margin, at
+// a split that exposes it.
+TEST(ConformanceNegativeControl, BrokenAccumulatorsFail) {
+  const std::string fixtures = std::string(TRAINER_FIXTURE_DIR) + "/strategies/";
+  for (const auto& [name, split] : std::vector<std::pair<std::string, std::string>>{
+           {"last-micro-only", "2,4,1"}, {"mean-of-means", "1,8,1"}, {"double-division", "2,4,1"},
+           {"mean-of-means", "2,2,2"}}) {
+    const std::string dir = scratch_dir("ConformanceBroken_" + name);
+    const auto result = trainer("check-plugin " + fixtures + "trainer-strategy-" + name + ".so --split " + split +
+                                " --report " + dir + "/report.jsonl");
+    EXPECT_EQ(result.exit_code, 1) << name << "\n" << result.output;
+    const std::vector<MetricsRow> rows = read_metrics(dir + "/report.jsonl");
+    ASSERT_FALSE(rows.empty()) << name;
+    EXPECT_GT(rows[0].at("grad_error"), 1e-2) << name;
+  }
+}
+
+TEST(ConformanceGpu, DdpOnCudaMatchesTheReference) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = scratch_dir("ConformanceGpu");
+  const auto result = trainer("check-plugin ddp --device cuda --split 8,1,1 --split 2,4,1 --split 1,8,1 --report " +
+                              dir + "/report.jsonl");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  for (const MetricsRow& row : read_metrics(dir + "/report.jsonl")) {
+    EXPECT_LE(row.at("grad_error"), 1e-5);
+    EXPECT_LE(row.at("param_error"), 1e-4);
+  }
+}
+
+}  // namespace
+}  // namespace trainer

@@ -1,0 +1,151 @@
+// Several processes: the same global batch trains the same at 1 and 2 ranks;
+// a dead worker ends the job naming its rank with no worker left behind; a
+// busy port and mismatched recipes are clear errors.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "TestSupport.h"
+
+namespace trainer {
+namespace {
+
+using testing::column;
+using testing::read_file;
+using testing::run_command;
+using testing::scratch_dir;
+using testing::source_path;
+using testing::trainer;
+
+const std::string kQuickstart = source_path("configs/quickstart.toml");
+
+std::vector<double> losses(const std::string& name, const std::string& overrides) {
+  const std::string dir = scratch_dir(name);
+  const auto result = trainer("run " + kQuickstart + " --set run.output_dir=" + dir + " " + overrides);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  return column(read_metrics(dir + "/metrics.jsonl"), "loss");
+}
+
+void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rtol, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_LE(std::abs(a[i] - b[i]), rtol * std::abs(b[i])) << what << " step " << i + 1;
+  }
+}
+
+// A port nobody listens on now (the kernel's pick, released again), or one
+// kept listening while `listener` is open.
+int pick_port(int* listener = nullptr) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  socklen_t length = sizeof(address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  if (listener) {
+    listen(fd, 1);
+    *listener = fd;
+  } else {
+    close(fd);
+  }
+  return ntohs(address.sin_port);
+}
+
+TEST(Distributed, TwoRanksTrainLikeOneProcess) {
+  const std::string steps = "--set training.steps=50 ";
+  const std::vector<double> one = losses("Dist1", steps + "--set training.micro_batch_size=8");
+  // Same global batch of 8: 4 per rank, or 2 per micro-step x 2 accumulation
+  // steps with per-parameter buckets reduced during backward.
+  const std::vector<double> two = losses("Dist2", steps + "--set training.micro_batch_size=4 --nproc 2");
+  const std::vector<double> overlapped =
+      losses("Dist2Overlap", steps + "--set training.micro_batch_size=2 --set training.grad_accum_steps=2 "
+                                     "--set strategy.overlap=true --set strategy.bucket_mb=0.01 --nproc 2");
+  // fp32 sums in another order (per rank, then across ranks); seen ~1e-7.
+  expect_close(two, one, 1e-5, "2 ranks");
+  expect_close(overlapped, one, 1e-5, "2 ranks, overlap");
+}
+
+TEST(Distributed, KilledWorkerEndsTheJobNamingTheRank) {
+  const std::string dir = scratch_dir("DistKill");
+  const std::string log = dir + "/log.txt";
+  const pid_t launcher = fork();
+  if (launcher == 0) {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    const std::string out = "run.output_dir=" + dir;
+    execl(TRAINER_BINARY, TRAINER_BINARY, "run", kQuickstart.c_str(), "--nproc", "2", "--set", out.c_str(), "--set",
+          "training.steps=100000", "--set", "distributed.timeout_s=20", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait until training runs, then find rank 1 among the launcher's children.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_file(dir + "/metrics.jsonl").size() < 10 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::vector<pid_t> workers;
+  for (const std::string& line : {run_command("pgrep -P " + std::to_string(launcher)).output}) {
+    std::stringstream in(line);
+    for (pid_t pid; in >> pid;) workers.push_back(pid);
+  }
+  ASSERT_EQ(workers.size(), 2u) << read_file(log);
+  pid_t rank1 = -1;
+  for (pid_t pid : workers) {
+    std::stringstream environ(read_file("/proc/" + std::to_string(pid) + "/environ"));
+    for (std::string variable; std::getline(environ, variable, '\0');) {
+      if (variable == "RANK=1") rank1 = pid;
+    }
+  }
+  ASSERT_NE(rank1, -1);
+  const auto killed_at = std::chrono::steady_clock::now();
+  kill(rank1, SIGKILL);
+  int status = 0;
+  waitpid(launcher, &status, 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << status;
+  EXPECT_LT(seconds, 20.0);  // within distributed.timeout_s
+  const std::string output = read_file(log);
+  EXPECT_NE(output.find("rank 1 was killed by signal 9"), std::string::npos) << output;
+  for (pid_t pid : workers) EXPECT_NE(kill(pid, 0), 0) << "worker " << pid << " still alive";
+}
+
+TEST(Distributed, BusyPortIsAClearError) {
+  int listener = -1;
+  const int port = pick_port(&listener);
+  const std::string dir = scratch_dir("DistPort");
+  const auto result = run_command("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+                                  " " + TRAINER_BINARY + " run " + kQuickstart + " --set run.output_dir=" + dir +
+                                  " --set distributed.timeout_s=10");
+  close(listener);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("cannot listen on MASTER_ADDR:MASTER_PORT = 127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
+      << result.output;
+}
+
+TEST(Distributed, MismatchedRecipesAreAClearError) {
+  const std::string dir = scratch_dir("DistMismatch");
+  const std::string env = "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(pick_port()) + " ";
+  const std::string run = std::string(TRAINER_BINARY) + " run " + kQuickstart + " --set run.output_dir=" + dir +
+                          " --set distributed.timeout_s=20 --set training.steps=";
+  const auto result = run_command("(RANK=0 " + env + run + "3 > " + dir + "/r0 2>&1; echo $? > " + dir + "/c0) & " +
+                                  "(RANK=1 " + env + run + "4 > " + dir + "/r1 2>&1; echo $? > " + dir + "/c1) & wait");
+  for (const char* rank : {"0", "1"}) {
+    EXPECT_EQ(read_file(dir + "/c" + rank), "2\n") << read_file(dir + "/r" + rank);
+    EXPECT_NE(read_file(dir + "/r" + rank).find("differs from rank"), std::string::npos) << read_file(dir + "/r" + rank);
+  }
+}
+
+}  // namespace
+}  // namespace trainer
