@@ -8,6 +8,7 @@
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/version.h>
 
 namespace trainer {
