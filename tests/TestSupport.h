@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <vector>
 
+#include "Files.h"
 #include "Metrics.h"
 
 namespace trainer::testing {
@@ -17,7 +18,7 @@ namespace trainer::testing {
 /// A fresh, empty directory under the build tree for one test.
 inline std::string scratch_dir(const std::string& name) {
   const std::filesystem::path dir = std::filesystem::path(TRAINER_TEST_TMP) / name;
-  std::filesystem::remove_all(dir);
+  remove_tree(dir.string());
   std::filesystem::create_directories(dir);
   return dir.string();
 }

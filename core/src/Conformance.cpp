@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "Files.h"
 #include "Metrics.h"
 #include "Recipe.h"
 #include "Rendezvous.h"
@@ -313,7 +314,7 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
       }
     }
   }
-  fs::remove_all(scratch);
+  remove_tree(scratch.string());
   fmt::print("tolerances: gradient and norm {:.0e}, parameter change {:.0e}; {}\n", kGradTolerance, kParamTolerance,
              all_pass ? "all pass" : "FAILED");
   return all_pass ? 0 : 1;
