@@ -1,6 +1,7 @@
 // Flat parameter buffers and shard arithmetic.
 #include "trainer/FlatParameters.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace trainer {
@@ -42,6 +43,11 @@ Shard shard_of(int64_t padded_numel, int rank, int world_size) {
   }
   const int64_t numel = padded_numel / world_size;
   return Shard{rank * numel, numel};
+}
+
+Shard unpadded(const ParameterGroup& group, const Shard& shard) {
+  const int64_t end = std::min(shard.offset + shard.numel, group.numel);
+  return Shard{shard.offset, std::max<int64_t>(0, end - shard.offset)};
 }
 
 }  // namespace trainer

@@ -9,6 +9,7 @@
 namespace trainer {
 
 Model::~Model() = default;
+UnitHooks::~UnitHooks() = default;
 Dataset::~Dataset() = default;
 Logger::~Logger() = default;
 Strategy::~Strategy() = default;
@@ -30,11 +31,11 @@ class SingleProcessComm final : public Comm {
   int world_size() const override { return 1; }
   std::unique_ptr<CommWork> all_reduce_sum_async(torch::Tensor) override { return done(); }
   std::unique_ptr<CommWork> reduce_scatter_sum_async(torch::Tensor input, torch::Tensor output) override {
-    if (!input.is_same(output)) output.copy_(input);
+    copy_unless_same(input, output);
     return done();
   }
   std::unique_ptr<CommWork> all_gather_async(torch::Tensor input, torch::Tensor output) override {
-    if (!input.is_same(output)) output.copy_(input);
+    copy_unless_same(input, output);
     return done();
   }
   std::unique_ptr<CommWork> broadcast_async(torch::Tensor, int) override { return done(); }
@@ -42,6 +43,10 @@ class SingleProcessComm final : public Comm {
 
  private:
   static std::unique_ptr<CommWork> done() { return std::make_unique<DoneWork>(); }
+  // In-place use (input a view of all of output) is the identity.
+  static void copy_unless_same(const torch::Tensor& input, torch::Tensor& output) {
+    if (input.data_ptr() != output.data_ptr()) output.copy_(input);
+  }
 };
 
 }  // namespace

@@ -68,14 +68,43 @@ class Qwen2Model final : public Model {
   }
 
   std::vector<NamedParameter> parameters() override { return parameters_; }
+
+  std::vector<ParameterUnit> units() override {
+    // Parameters were created in forward order: embedding, blocks, head.
+    const size_t per_layer = 12;
+    std::vector<ParameterUnit> units;
+    ParameterUnit embedding{"embedding", {0}};
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      ParameterUnit block{fmt::format("layer{}", i), {}};
+      for (size_t k = 0; k < per_layer; ++k) block.parameters.push_back(1 + i * per_layer + k);
+      units.push_back(std::move(block));
+    }
+    std::vector<size_t> head;
+    for (size_t p = 1 + layers_.size() * per_layer; p < parameters_.size(); ++p) head.push_back(p);
+    if (config_.tie_word_embeddings) {
+      embedding.name = "embedding+head";
+      embedding.parameters.insert(embedding.parameters.end(), head.begin(), head.end());
+    } else {
+      units.push_back(ParameterUnit{"head", head});
+    }
+    units.insert(units.begin(), std::move(embedding));
+    return units;
+  }
   int64_t vocab_size() const override { return config_.vocab_size; }
 
   LossSum forward(const Batch& batch) override {
     const Config& c = config_;
     const int64_t b = batch.input_ids.size(0), t = batch.input_ids.size(1), d = c.head_dim();
+    // Units: the embedding, each block, the head. Tied embeddings put the
+    // head into the embedding's unit, which then stays entered until the end.
+    const bool tied = c.tie_word_embeddings;
+    enter_unit(0);
     Tensor x = torch::embedding(embed_, batch.input_ids);
+    if (!tied) x = leave_unit(0, x);
     const auto [cos, sin] = rotary_tables(t, x);
-    for (const Layer& l : layers_) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& l = layers_[i];
+      enter_unit(i + 1);
       const Tensor h = rms_norm(x, l.input_norm, c.rms_norm_eps);
       Tensor q = torch::linear(h, l.q_weight, l.q_bias).view({b, t, c.num_heads, d}).transpose(1, 2);
       Tensor k = torch::linear(h, l.k_weight, l.k_bias).view({b, t, c.num_kv_heads, d}).transpose(1, 2);
@@ -92,9 +121,12 @@ class Qwen2Model final : public Model {
       const Tensor m = rms_norm(x, l.post_attention_norm, c.rms_norm_eps);
       x = x + torch::linear(torch::silu(torch::linear(m, l.gate_weight)) * torch::linear(m, l.up_weight),
                             l.down_weight);
+      x = leave_unit(i + 1, x);
     }
+    const size_t head = tied ? 0 : layers_.size() + 1;
+    if (!tied) enter_unit(head);
     x = rms_norm(x, final_norm_, c.rms_norm_eps);
-    Tensor logits = torch::linear(x, lm_head_).view({b * t, c.vocab_size});
+    Tensor logits = leave_unit(head, torch::linear(x, lm_head_)).view({b * t, c.vocab_size});
     if (logits.scalar_type() != torch::kFloat64) logits = logits.to(torch::kFloat32);  // the loss is summed in fp32
     const Tensor loss_sum = at::cross_entropy_loss(logits, batch.labels.view({b * t}), /*weight=*/{},
                                                    at::Reduction::Sum, kIgnoreIndex);

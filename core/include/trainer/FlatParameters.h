@@ -50,4 +50,8 @@ struct Shard {
 };
 Shard shard_of(int64_t padded_numel, int rank, int world_size);
 
+/// The part of `shard` that holds real elements of `group` (not padding):
+/// same offset, numel clipped at group.numel (possibly 0).
+Shard unpadded(const ParameterGroup& group, const Shard& shard);
+
 }  // namespace trainer

@@ -39,6 +39,25 @@ struct LossSum {
   int64_t target_tokens = 0;  ///< number of target tokens it sums over
 };
 
+/// Parameters that run together in forward: the embedding, one block, the
+/// head. Strategies that shard parameters (zero3) gather one unit at a time.
+struct ParameterUnit {
+  std::string name;
+  std::vector<size_t> parameters;  ///< indices into Model::parameters(), ascending
+};
+
+/// Told by the model around each unit's forward (installed by a strategy).
+class UnitHooks {
+ public:
+  virtual ~UnitHooks();
+  /// Before the unit's parameters are used; they must be usable on return.
+  virtual void before_unit(size_t unit) = 0;
+  /// After the unit's last use of its parameters in forward; `output` is the
+  /// tensor through which every gradient of the unit flows. Returns it (or a
+  /// tensor equal to it) for the model to continue with.
+  virtual torch::Tensor after_unit(size_t unit, const torch::Tensor& output) = 0;
+};
+
 /// Models are used from one thread.
 class Model : public Component {
  public:
@@ -47,6 +66,24 @@ class Model : public Component {
   virtual std::vector<NamedParameter> parameters() = 0;
   virtual LossSum forward(const Batch& batch) = 0;
   virtual int64_t vocab_size() const = 0;
+  /// The units, in forward order, covering every parameter once. A model
+  /// that declares units brackets each unit's forward with enter_unit and
+  /// leave_unit. Default: none declared (parameter sharding unsupported).
+  virtual std::vector<ParameterUnit> units() { return {}; }
+
+  /// Installs (or, with nullptr, removes) the hooks; not owned.
+  void set_unit_hooks(UnitHooks* hooks) { unit_hooks_ = hooks; }
+
+ protected:
+  void enter_unit(size_t unit) {
+    if (unit_hooks_) unit_hooks_->before_unit(unit);
+  }
+  torch::Tensor leave_unit(size_t unit, const torch::Tensor& output) {
+    return unit_hooks_ ? unit_hooks_->after_unit(unit, output) : output;
+  }
+
+ private:
+  UnitHooks* unit_hooks_ = nullptr;
 };
 
 }  // namespace trainer

@@ -1,0 +1,133 @@
+// Strategy `zero2` (ZeRO stage 2): gradients sharded too.
+//
+//   state        | per rank
+//   parameters   | full (fp32)
+//   gradients    | 1/world: an fp32 shard accumulator; the full gradient of
+//                | one micro-step exists only during its backward
+//   AdamW m, v   | 1/world
+//
+// Every micro-step's gradient is reduce-scattered and *added* into the
+// shard accumulator, from the first micro-step of the window to the last;
+// the accumulator is zeroed only after the update (or a discarded step).
+#include <cmath>
+
+#include "trainer/FlatParameters.h"
+#include "trainer/Strategy.h"
+
+namespace {
+
+using namespace trainer;
+
+struct ShardedGroup {
+  Shard shard;
+  Shard owned;
+  torch::Tensor accumulated;  // this rank's shard of the summed gradient, over the whole window
+  torch::Tensor scratch;      // one micro-step's reduced shard, before it is added
+  AdamWState state;
+};
+
+class Zero2Strategy final : public Strategy {
+ public:
+  void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
+    comm_ = &comm;
+    adamw_ = env.adamw;
+    groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/comm.world_size());
+    for (ParameterGroup& group : groups_) {
+      ShardedGroup s;
+      s.shard = shard_of(group.padded_numel, comm.rank(), comm.world_size());
+      s.owned = unpadded(group, s.shard);
+      s.accumulated = torch::zeros({s.shard.numel}, group.values.options());
+      s.scratch = torch::zeros({s.shard.numel}, group.values.options());
+      s.state = adamw_init(group.values.narrow(0, s.owned.offset, s.owned.numel));
+      shards_.push_back(std::move(s));
+    }
+  }
+
+  void begin_step(const StepPlan&) override {}
+
+  void backward(const torch::Tensor& loss, const MicroStep&) override {
+    // A full gradient buffer for this micro-step only.
+    std::vector<torch::Tensor> full;
+    for (ParameterGroup& group : groups_) {
+      full.push_back(torch::zeros_like(group.values));
+      bind_gradients(group, full.back());
+    }
+    loss.backward();
+    torch::NoGradGuard no_grad;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      comm_->reduce_scatter_sum(full[g], shards_[g].scratch);
+      shards_[g].accumulated.add_(shards_[g].scratch);
+      for (ParameterSlot& slot : groups_[g].slots) slot.param.mutable_grad() = torch::Tensor();
+    }
+  }
+
+  double reduce_gradients() override {
+    double squares = 0.0;
+    for (const ShardedGroup& s : shards_) squares += squared_norm(s.accumulated.narrow(0, 0, s.owned.numel));
+    torch::Tensor total = torch::tensor({squares}, torch::kFloat64).to(groups_.front().values.device());
+    comm_->all_reduce_sum(total);
+    return std::sqrt(total.item<double>());
+  }
+
+  void apply_update(const UpdateArgs& args) override {
+    torch::NoGradGuard no_grad;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      ShardedGroup& s = shards_[g];
+      torch::Tensor grads = s.accumulated.narrow(0, 0, s.owned.numel);
+      if (args.grad_scale != 1.0) grads.mul_(args.grad_scale);
+      adamw_update(groups_[g].values.narrow(0, s.owned.offset, s.owned.numel), grads, s.state, adamw_,
+                   groups_[g].decay, args.lr, args.adam_step);
+      comm_->all_gather(groups_[g].values.narrow(0, s.shard.offset, s.shard.numel), groups_[g].values);
+    }
+    discard_gradients();
+  }
+
+  void discard_gradients() override {
+    for (ShardedGroup& s : shards_) s.accumulated.zero_();
+  }
+
+  MemoryReport memory() const override {
+    MemoryReport report;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      report.parameter_bytes += groups_[g].values.numel() * 4;
+      report.gradient_bytes += (shards_[g].accumulated.numel() + shards_[g].scratch.numel()) * 4;
+      report.optimizer_bytes += 2 * shards_[g].owned.numel * 4;
+    }
+    return report;
+  }
+
+  std::vector<FlatSlice> gradient_slices() const override {
+    std::vector<FlatSlice> out;
+    for (size_t g = 0; g < shards_.size(); ++g) {
+      out.push_back({g, shards_[g].owned.offset, shards_[g].accumulated.narrow(0, 0, shards_[g].owned.numel)});
+    }
+    return out;
+  }
+
+  std::vector<FlatSlice> parameter_slices() const override {
+    std::vector<FlatSlice> out;
+    for (size_t g = 0; g < shards_.size(); ++g) {
+      out.push_back({g, shards_[g].owned.offset, groups_[g].values.narrow(0, shards_[g].owned.offset, shards_[g].owned.numel)});
+    }
+    return out;
+  }
+
+ private:
+  Comm* comm_ = nullptr;
+  AdamWConfig adamw_;
+  std::vector<ParameterGroup> groups_;
+  std::vector<ShardedGroup> shards_;
+};
+
+Component* create(const Options&, const Context&) { return new Zero2Strategy(); }
+
+const PluginDescriptor* describe() {
+  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Strategy, "zero2", "0.1.0",
+                                           "ZeRO stage 2: gradients and AdamW state sharded", TRAINER_TORCH_VERSION,
+                                           nullptr, 0, &create};
+  return &descriptor;
+}
+
+}  // namespace
+
+TRAINER_PLUGIN(describe)

@@ -1,0 +1,385 @@
+// Strategy `zero3` (ZeRO stage 3): parameters sharded too.
+//
+//   state        | per rank
+//   parameters   | 1/world of each flat group (fp32); a unit's full
+//                | parameters exist only while it runs forward or backward
+//   gradients    | 1/world: an fp32 shard accumulator
+//   AdamW m, v   | 1/world
+//
+// The model declares units (embedding, blocks, head). Before a unit's
+// forward its parameters are all-gathered into a per-unit buffer, which is
+// released after the unit's forward. A hook on the unit's output gathers it
+// again before the unit's backward and binds a per-unit gradient buffer;
+// once every parameter of the unit has its gradient, that buffer is
+// reduce-scattered and added into the shard accumulator, and both buffers
+// are released. So at most two units are gathered at a time.
+//
+// Shards are the same slices of the same flat layout as zero1/zero2
+// (flatten_parameters), so at world size 1 the arithmetic is ddp's. A unit
+// covers one contiguous range of each group; the slice of that range each
+// rank holds can differ in length, so collectives pad it to the longest.
+#include <cmath>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+
+#include "trainer/Errors.h"
+#include "trainer/FlatParameters.h"
+#include "trainer/Strategy.h"
+
+namespace {
+
+using namespace trainer;
+
+// Frees a buffer's memory but keeps the tensor (and every view of it, such
+// as tensors autograd saved) pointing at the same storage object.
+void release(torch::Tensor& buffer) {
+  c10::StorageImpl* storage = buffer.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, buffer.device()));
+  storage->set_nbytes(0);
+}
+
+void reallocate(torch::Tensor& buffer) {
+  c10::StorageImpl* storage = buffer.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(buffer.numel()) * buffer.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+struct Piece {  // a rank's part of a unit's range, in group offsets
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// One unit's part of one group: the range [begin, end) and its pieces.
+struct UnitRange {
+  size_t group = 0;
+  int64_t begin = 0, end = 0;
+  std::vector<Piece> pieces;  // per rank
+  int64_t longest = 0;        // collectives pad every piece to this
+  torch::Tensor values;       // gathered parameters (storage released when not gathered)
+  torch::Tensor grads;        // gradient buffer while the unit runs backward
+};
+
+struct Unit {
+  std::string name;
+  std::vector<UnitRange> ranges;
+  std::vector<torch::Tensor> params;
+  std::vector<std::pair<size_t, int64_t>> param_at;  // per param: (range, offset in the range)
+  size_t ready = 0;       // parameters whose gradient arrived in this backward
+  bool gathered = false;
+  bool entered = false;   // entered in the current forward
+  bool in_backward = false;
+};
+
+struct ShardedGroup {
+  Shard shard, owned;
+  torch::Tensor values;       // this rank's shard of the parameters (the fp32 master)
+  torch::Tensor accumulated;  // this rank's shard of the summed gradient
+  AdamWState state;
+};
+
+class Zero3Strategy final : public Strategy, public UnitHooks {
+ public:
+  void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
+    comm_ = &comm;
+    adamw_ = env.adamw;
+    model_ = &model;
+    const std::vector<NamedParameter> params = model.parameters();
+    const std::vector<ParameterUnit> declared = model.units();
+    if (declared.empty()) {
+      throw InputError("strategy 'zero3' needs a model that declares its units (Model::units); this one declares none");
+    }
+    std::vector<ParameterGroup> layout = flatten_parameters(params, env.device, comm.world_size());
+    for (ParameterGroup& group : layout) {
+      ShardedGroup s;
+      s.shard = shard_of(group.padded_numel, comm.rank(), comm.world_size());
+      s.owned = unpadded(group, s.shard);
+      s.values = group.values.narrow(0, s.shard.offset, s.shard.numel).clone();
+      s.accumulated = torch::zeros_like(s.values);
+      s.state = adamw_init(s.values.narrow(0, 0, s.owned.numel));
+      shards_.push_back(std::move(s));
+    }
+    build_units(params, declared, layout);
+    // The full flat buffers go out of scope here; parameters now view the
+    // per-unit buffers, whose memory is released until a unit is gathered.
+    for (Unit& unit : units_) release_unit(unit);
+    install_gradient_hooks(params);
+    model.set_unit_hooks(this);
+  }
+
+  ~Zero3Strategy() override {
+    if (model_) model_->set_unit_hooks(nullptr);
+  }
+
+  void begin_step(const StepPlan&) override {}
+
+  LossSum forward(Model& model, const Batch& batch) override {
+    for (Unit& unit : units_) unit.entered = false;
+    LossSum out = model.forward(batch);
+    for (const Unit& unit : units_) {
+      if (!unit.entered) throw TrainingError(fmt::format("zero3: the model never entered its unit '{}'", unit.name));
+    }
+    return out;
+  }
+
+  void backward(const torch::Tensor& loss, const MicroStep&) override {
+    loss.backward();
+    // Units whose parameters did not all receive a gradient are reduced now.
+    for (Unit& unit : units_) {
+      if (unit.in_backward) finish_backward(unit);
+    }
+  }
+
+  // UnitHooks
+  void before_unit(size_t index) override {
+    Unit& unit = units_.at(index);
+    unit.entered = true;
+    gather(unit);
+  }
+
+  torch::Tensor after_unit(size_t index, const torch::Tensor& output) override {
+    release_unit(units_.at(index));
+    if (output.requires_grad()) {
+      // Runs when the unit's output gradient is complete, before any of the
+      // unit's backward operations.
+      torch::Tensor hooked = output;
+      hooked.register_hook([this, index](const torch::Tensor& grad) {
+        begin_backward(units_.at(index));
+        return grad;
+      });
+    }
+    return output;
+  }
+
+  double reduce_gradients() override {
+    double squares = 0.0;
+    for (const ShardedGroup& s : shards_) squares += squared_norm(s.accumulated.narrow(0, 0, s.owned.numel));
+    torch::Tensor total = torch::tensor({squares}, torch::kFloat64).to(shards_.front().values.device());
+    comm_->all_reduce_sum(total);
+    return std::sqrt(total.item<double>());
+  }
+
+  void apply_update(const UpdateArgs& args) override {
+    torch::NoGradGuard no_grad;
+    for (size_t g = 0; g < shards_.size(); ++g) {
+      ShardedGroup& s = shards_[g];
+      torch::Tensor grads = s.accumulated.narrow(0, 0, s.owned.numel);
+      if (args.grad_scale != 1.0) grads.mul_(args.grad_scale);
+      adamw_update(s.values.narrow(0, 0, s.owned.numel), grads, s.state, adamw_, decay_[g], args.lr, args.adam_step);
+    }
+    discard_gradients();
+  }
+
+  void discard_gradients() override {
+    for (ShardedGroup& s : shards_) s.accumulated.zero_();
+  }
+
+  MemoryReport memory() const override {
+    MemoryReport report;
+    for (const ShardedGroup& s : shards_) {
+      report.parameter_bytes += s.values.numel() * 4;
+      report.gradient_bytes += s.accumulated.numel() * 4;
+      report.optimizer_bytes += 2 * s.owned.numel * 4;
+    }
+    report.peak_gathered_parameter_bytes = peak_gathered_bytes_;
+    return report;
+  }
+
+  std::vector<FlatSlice> gradient_slices() const override {
+    std::vector<FlatSlice> out;
+    for (size_t g = 0; g < shards_.size(); ++g) {
+      out.push_back({g, shards_[g].owned.offset, shards_[g].accumulated.narrow(0, 0, shards_[g].owned.numel)});
+    }
+    return out;
+  }
+
+  std::vector<FlatSlice> parameter_slices() const override {
+    std::vector<FlatSlice> out;
+    for (size_t g = 0; g < shards_.size(); ++g) {
+      out.push_back({g, shards_[g].owned.offset, shards_[g].values.narrow(0, 0, shards_[g].owned.numel)});
+    }
+    return out;
+  }
+
+ private:
+  void build_units(const std::vector<NamedParameter>& params, const std::vector<ParameterUnit>& declared,
+                   const std::vector<ParameterGroup>& layout) {
+    // Where each parameter sits: (group, slot).
+    std::map<const void*, std::pair<size_t, const ParameterSlot*>> where;
+    for (size_t g = 0; g < layout.size(); ++g) {
+      decay_.push_back(layout[g].decay);
+      for (const ParameterSlot& slot : layout[g].slots) where[slot.param.unsafeGetTensorImpl()] = {g, &slot};
+    }
+    std::vector<int> covered(params.size(), 0);
+    torch::NoGradGuard no_grad;
+    for (const ParameterUnit& d : declared) {
+      Unit unit;
+      unit.name = d.name;
+      std::map<size_t, UnitRange> ranges;
+      for (size_t index : d.parameters) {
+        ++covered.at(index);
+        const auto& [g, slot] = where.at(params[index].tensor.unsafeGetTensorImpl());
+        auto [it, fresh] = ranges.try_emplace(g);
+        UnitRange& r = it->second;
+        if (fresh) {
+          r.group = g;
+          r.begin = slot->offset;
+          r.end = slot->offset;
+        }
+        if (slot->offset != r.end) {
+          throw InputError(fmt::format("zero3: unit '{}' is not contiguous in the parameter layout at '{}'", d.name,
+                                       slot->name));
+        }
+        r.end += slot->numel;
+        unit.params.push_back(params[index].tensor);
+      }
+      for (auto& [g, r] : ranges) {
+        r.values = torch::empty({r.end - r.begin}, shards_[g].values.options());
+        for (int rank = 0; rank < comm_->world_size(); ++rank) {
+          const Shard s = shard_of(layout[g].padded_numel, rank, comm_->world_size());
+          Piece p{std::max(r.begin, s.offset), std::min(r.end, s.offset + s.numel)};
+          if (p.end <= p.begin) p = Piece{};  // this rank holds none of the range
+          r.longest = std::max(r.longest, p.size());
+          r.pieces.push_back(p);
+        }
+        unit.ranges.push_back(std::move(r));
+      }
+      // Parameters become views of the unit's buffers.
+      for (size_t index : d.parameters) {
+        const auto& [g, slot] = where.at(params[index].tensor.unsafeGetTensorImpl());
+        for (size_t k = 0; k < unit.ranges.size(); ++k) {
+          UnitRange& r = unit.ranges[k];
+          if (r.group != g) continue;
+          r.values.narrow(0, slot->offset - r.begin, slot->numel).copy_(slot->param.reshape(-1));
+          params[index].tensor.set_data(r.values.narrow(0, slot->offset - r.begin, slot->numel).view(slot->param.sizes()));
+          unit.param_at.emplace_back(k, slot->offset - r.begin);
+        }
+        unit_of_[params[index].tensor.unsafeGetTensorImpl()] = units_.size();
+      }
+      units_.push_back(std::move(unit));
+    }
+    for (size_t i = 0; i < covered.size(); ++i) {
+      if (covered[i] != 1) {
+        throw InputError(fmt::format("zero3: parameter '{}' is in {} units; every parameter must be in exactly one",
+                                     params[i].name, covered[i]));
+      }
+    }
+  }
+
+  void install_gradient_hooks(const std::vector<NamedParameter>& params) {
+    for (const NamedParameter& p : params) {
+      const size_t index = unit_of_.at(p.tensor.unsafeGetTensorImpl());
+      std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
+      accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, index](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            Unit& unit = units_.at(index);
+            if (unit.in_backward && ++unit.ready == unit.params.size()) finish_backward(unit);
+            return outputs;
+          }));
+      accumulators_.push_back(std::move(accumulator));
+    }
+  }
+
+  void gather(Unit& unit) {
+    if (unit.gathered) return;
+    torch::NoGradGuard no_grad;
+    const int rank = comm_->rank();
+    for (UnitRange& r : unit.ranges) {
+      reallocate(r.values);
+      const ShardedGroup& s = shards_[r.group];
+      const Piece& mine = r.pieces[rank];
+      torch::Tensor send = torch::zeros({r.longest}, r.values.options());
+      if (mine.size() > 0) {
+        send.narrow(0, 0, mine.size()).copy_(s.values.narrow(0, mine.begin - s.shard.offset, mine.size()));
+      }
+      torch::Tensor received = torch::empty({r.longest * comm_->world_size()}, r.values.options());
+      comm_->all_gather(send, received);
+      for (size_t p = 0; p < r.pieces.size(); ++p) {
+        const Piece& piece = r.pieces[p];
+        if (piece.size() == 0) continue;
+        r.values.narrow(0, piece.begin - r.begin, piece.size()).copy_(received.narrow(0, p * r.longest, piece.size()));
+      }
+      gathered_bytes_ += r.values.numel() * 4;
+    }
+    unit.gathered = true;
+    peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
+  }
+
+  void release_unit(Unit& unit) {
+    if (!unit.gathered && !unit.ranges.empty() && unit.ranges.front().values.storage().nbytes() == 0) return;
+    for (UnitRange& r : unit.ranges) {
+      if (unit.gathered) gathered_bytes_ -= r.values.numel() * 4;
+      release(r.values);
+    }
+    unit.gathered = false;
+  }
+
+  void begin_backward(Unit& unit) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (unit.in_backward) return;
+    gather(unit);
+    for (UnitRange& r : unit.ranges) r.grads = torch::zeros_like(r.values);
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      const auto& [range, offset] = unit.param_at[i];
+      torch::Tensor& param = unit.params[i];
+      param.mutable_grad() = unit.ranges[range].grads.narrow(0, offset, param.numel()).view(param.sizes());
+    }
+    unit.ready = 0;
+    unit.in_backward = true;
+  }
+
+  // Reduce-scatters the unit's gradient into the shard accumulators (added,
+  // never overwritten) and releases its buffers.
+  void finish_backward(Unit& unit) {
+    torch::NoGradGuard no_grad;
+    const int world = comm_->world_size();
+    const int rank = comm_->rank();
+    for (UnitRange& r : unit.ranges) {
+      torch::Tensor send = torch::zeros({r.longest * world}, r.grads.options());
+      for (int p = 0; p < world; ++p) {
+        const Piece& piece = r.pieces[p];
+        if (piece.size() == 0) continue;
+        send.narrow(0, p * r.longest, piece.size()).copy_(r.grads.narrow(0, piece.begin - r.begin, piece.size()));
+      }
+      torch::Tensor received = torch::empty({r.longest}, r.grads.options());
+      comm_->reduce_scatter_sum(send, received);
+      ShardedGroup& s = shards_[r.group];
+      const Piece& mine = r.pieces[rank];
+      if (mine.size() > 0) {
+        s.accumulated.narrow(0, mine.begin - s.shard.offset, mine.size()).add_(received.narrow(0, 0, mine.size()));
+      }
+      r.grads = torch::Tensor();
+    }
+    for (torch::Tensor& param : unit.params) param.mutable_grad() = torch::Tensor();
+    unit.in_backward = false;
+    release_unit(unit);
+  }
+
+  Comm* comm_ = nullptr;
+  Model* model_ = nullptr;
+  AdamWConfig adamw_;
+  std::vector<bool> decay_;
+  std::vector<ShardedGroup> shards_;
+  std::vector<Unit> units_;
+  std::map<const void*, size_t> unit_of_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::mutex mutex_;
+  int64_t gathered_bytes_ = 0;
+  int64_t peak_gathered_bytes_ = 0;
+};
+
+Component* create(const Options&, const Context&) { return new Zero3Strategy(); }
+
+const PluginDescriptor* describe() {
+  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Strategy, "zero3", "0.1.0",
+                                           "ZeRO stage 3: parameters, gradients and AdamW state sharded",
+                                           TRAINER_TORCH_VERSION, nullptr, 0, &create};
+  return &descriptor;
+}
+
+}  // namespace
+
+TRAINER_PLUGIN(describe)
