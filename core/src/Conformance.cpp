@@ -222,27 +222,35 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
   }
 
   // 2. Parameters after 5 AdamW steps with clipping at a tenth of the raw norm.
-  {
-    Reference ref(registry, device);
+  const double max_norm = 0.1 * reference_norm;
+  auto train_steps = [&](const LoadedPlugin& which, Reference* ref, std::vector<torch::Tensor>* min_ratio) {
     std::unique_ptr<Model> model = make_model(registry);
-    std::unique_ptr<Strategy> strategy = fresh_strategy();
+    std::unique_ptr<Strategy> strategy =
+        PluginRegistry::create<Strategy>(which, plugin_options(which, ""), context);
     strategy->setup(*model, *comm, StrategyEnv{device, adamw});
-    const std::vector<torch::Tensor> start = ref.values();
-    const double max_norm = 0.1 * reference_norm;
-    std::vector<torch::Tensor> min_ratio;  // per element: min over steps of |g_ref| / rms(g_ref) of its group
     for (int step = 0; step < kSteps; ++step) {
       const Fixture f = fixture(step);
       const double norm = strategy_step(*strategy, *model, f, split, world.rank, device, step);
       strategy->apply_update(UpdateArgs{kLr, clip_coefficient(norm, max_norm), step + 1});
-      const double ref_norm = ref.gradient(f);
-      for (size_t g = 0; g < ref.grads().size(); ++g) {
-        const torch::Tensor& grad = ref.grads()[g];
+      if (!ref) continue;
+      const double ref_norm = ref->gradient(f);
+      for (size_t g = 0; g < ref->grads().size(); ++g) {
+        const torch::Tensor& grad = ref->grads()[g];
         const torch::Tensor ratio = grad.abs() / grad.square().mean().sqrt().clamp_min(1e-300);
-        if (min_ratio.size() <= g) min_ratio.push_back(ratio);
-        else min_ratio[g] = torch::minimum(min_ratio[g], ratio);
+        if (min_ratio->size() <= g) min_ratio->push_back(ratio);
+        else (*min_ratio)[g] = torch::minimum((*min_ratio)[g], ratio);
       }
-      ref.update(clip_coefficient(ref_norm, max_norm), adamw, step + 1);
+      ref->update(clip_coefficient(ref_norm, max_norm), adamw, step + 1);
     }
+    std::vector<torch::Tensor> values;
+    for (const FlatSlice& slice : strategy->parameter_slices()) values.push_back(slice.values.clone());
+    return std::make_pair(strategy->parameter_slices(), values);
+  };
+  {
+    Reference ref(registry, device);
+    const std::vector<torch::Tensor> start = ref.values();
+    std::vector<torch::Tensor> min_ratio;  // per element: min over steps of |g_ref| / rms(g_ref) of its group
+    const auto [slices, values] = train_steps(plugin, &ref, &min_ratio);
     // Adam divides by sqrt(v): an element whose true gradient is ~0 (e.g. the
     // key bias, to which softmax is invariant) gets an update of size lr
     // driven by rounding noise, with a sign fp32 and fp64 need not share.
@@ -259,13 +267,23 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
     std::vector<torch::Tensor> reference_change;
     const std::vector<torch::Tensor> end = ref.values();
     for (size_t g = 0; g < end.size(); ++g) reference_change.push_back(end[g] - start[g]);
-    row.param_error = relative_error(minus(strategy->parameter_slices(), start), reference_change, &mask);
+    row.param_error = relative_error(minus(slices, start), reference_change, &mask);
     row.masked = masked / total;
+
+    // 3. World size 1: the same arithmetic as ddp, so the same bits.
+    row.identical_to_ddp = -1;
+    if (world.world_size == 1) {
+      const auto [ddp_slices, ddp_values] = train_steps(registry.find(PluginKind::Strategy, "ddp"), nullptr, nullptr);
+      bool same = ddp_values.size() == values.size();
+      for (size_t i = 0; same && i < values.size(); ++i) same = torch::equal(values[i], ddp_values[i]);
+      row.identical_to_ddp = same ? 1 : 0;
+    }
   }
 
   std::ofstream(rank_report) << fmt::format(
-      "{{\"rank\":{},\"grad_error\":{:.17g},\"norm_error\":{:.17g},\"param_error\":{:.17g},\"masked\":{:.17g}}}\n",
-      row.rank, row.grad_error, row.norm_error, row.param_error, row.masked);
+      "{{\"rank\":{},\"grad_error\":{:.17g},\"norm_error\":{:.17g},\"param_error\":{:.17g},\"masked\":{:.17g},"
+      "\"identical_to_ddp\":{}}}\n",
+      row.rank, row.grad_error, row.norm_error, row.param_error, row.masked, row.identical_to_ddp);
 }
 
 int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, const std::string& executable) {
@@ -274,8 +292,9 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
   fs::create_directories(scratch);
   std::ofstream report;
   if (!request.report.empty()) report.open(request.report, std::ios::trunc);
-  fmt::print("conformance of strategy '{}' ({})\n{:<8} {:>4} {:>12} {:>12} {:>12} {:>8}  result\n",
-             plugin.descriptor->name, plugin.file, "split", "rank", "grad err", "norm err", "param err", "masked");
+  fmt::print("conformance of strategy '{}' ({})\n{:<8} {:>4} {:>12} {:>12} {:>12} {:>8} {:>8}  result\n",
+             plugin.descriptor->name, plugin.file, "split", "rank", "grad err", "norm err", "param err", "masked",
+             "=ddp");
   bool all_pass = true;
   for (const Split& split : request.splits) {
     const fs::path dir = scratch / split.text();
@@ -301,16 +320,19 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
       const std::vector<MetricsRow> rows = read_metrics((dir / fmt::format("rank{}.jsonl", rank)).string());
       const MetricsRow& r = rows.at(0);
       const bool pass = r.at("grad_error") <= kGradTolerance && r.at("norm_error") <= kGradTolerance &&
-                        r.at("param_error") <= kParamTolerance;
+                        r.at("param_error") <= kParamTolerance && r.at("identical_to_ddp") != 0;
       all_pass = all_pass && pass;
-      fmt::print("{:<8} {:>4} {:>12.3e} {:>12.3e} {:>12.3e} {:>7.3f}%  {}\n", split.text(), rank, r.at("grad_error"),
-                 r.at("norm_error"), r.at("param_error"), 100 * r.at("masked"), pass ? "pass" : "FAIL");
+      const double identical = r.at("identical_to_ddp");
+      fmt::print("{:<8} {:>4} {:>12.3e} {:>12.3e} {:>12.3e} {:>7.3f}% {:>8}  {}\n", split.text(), rank,
+                 r.at("grad_error"), r.at("norm_error"), r.at("param_error"), 100 * r.at("masked"),
+                 identical < 0 ? "-" : (identical > 0 ? "bits" : "DIFFER"), pass ? "pass" : "FAIL");
       if (report.is_open()) {
         report << fmt::format(
             "{{\"split\":\"{}\",\"micro\":{},\"accum\":{},\"world\":{},\"rank\":{},\"grad_error\":{:.17g},"
-            "\"norm_error\":{:.17g},\"param_error\":{:.17g},\"masked\":{:.17g},\"pass\":{}}}\n",
+            "\"norm_error\":{:.17g},\"param_error\":{:.17g},\"masked\":{:.17g},\"identical_to_ddp\":{},"
+            "\"pass\":{}}}\n",
             split.text(), split.micro, split.accum, split.world, rank, r.at("grad_error"), r.at("norm_error"),
-            r.at("param_error"), r.at("masked"), pass ? "true" : "false");
+            r.at("param_error"), r.at("masked"), r.at("identical_to_ddp"), pass ? "true" : "false");
       }
     }
   }

@@ -41,6 +41,7 @@ struct ConformanceRow {
   double norm_error = 0;   ///< |reported norm - reference norm| / reference norm
   double param_error = 0;  ///< parameter change after 5 clipped AdamW steps, vs the reference's
   double masked = 0;       ///< share of elements left out of param_error (near-zero reference gradient)
+  int identical_to_ddp = -1;  ///< world size 1: parameters bit-identical to ddp's (1) or not (0); else -1
 };
 
 /// Tolerances of the contract in fp32 (their origin is in Conformance.cpp).

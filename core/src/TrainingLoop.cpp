@@ -153,6 +153,25 @@ AdamWConfig adamw_of(const Recipe& recipe) {
   return config;
 }
 
+// Every rank's MemoryReport, gathered to rank 0 and written as memory.json.
+void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, const fs::path& file, bool writer) {
+  const MemoryReport mine = strategy.memory();
+  torch::Tensor local = torch::tensor({mine.parameter_bytes, mine.gradient_bytes, mine.optimizer_bytes,
+                                       mine.peak_gathered_parameter_bytes}, torch::kInt64).to(device);
+  torch::Tensor all = torch::zeros({4 * comm.world_size()}, local.options());
+  comm.all_gather(local, all);
+  if (!writer) return;
+  all = all.cpu();
+  std::string text = "[\n";
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const auto v = [&](int k) { return all[4 * r + k].item<int64_t>(); };
+    text += fmt::format("  {{\"rank\": {}, \"parameter_bytes\": {}, \"gradient_bytes\": {}, \"optimizer_bytes\": {}, "
+                        "\"peak_gathered_parameter_bytes\": {}}}{}\n",
+                        r, v(0), v(1), v(2), v(3), r + 1 < comm.world_size() ? "," : "");
+  }
+  write_file_atomically(file, text + "]\n");
+}
+
 }  // namespace
 
 std::string output_dir_of(const Recipe& recipe) {
@@ -193,6 +212,9 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
 
   strategy->setup(*model, *comm, StrategyEnv{device, adamw_of(recipe)});
 
+  const MemoryReport memory = strategy->memory();
+  log::info(fmt::format("rank {} holds {} parameter, {} gradient and {} optimizer-state bytes", world.rank,
+                        memory.parameter_bytes, memory.gradient_bytes, memory.optimizer_bytes));
   const BatchShape shape = batch_shape(recipe, comm->world_size());
   const int64_t global_batch_size = shape.global_batch_size();
   const int64_t steps = recipe.training.integer("steps");
@@ -287,6 +309,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
     record.elapsed_seconds = std::chrono::duration<double>(step_end - run_start).count();
     loggers.log(record);
   }
+  write_memory_report(*strategy, *comm, device, fs::path(context.output_dir) / "memory.json", writer);
 }
 
 }  // namespace trainer

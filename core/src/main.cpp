@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "Compare.h"
 #include "Conformance.h"
 #include "Launcher.h"
 #include "PluginRegistry.h"
@@ -119,6 +120,15 @@ int main(int argc, char** argv) {
   check_plugin_cmd->add_option("--report", check.report, "write one JSON row per split and rank here");
   check_plugin_cmd->add_option("--rank-report", rank_report, "(internal) worker output directory")->group("");
 
+  std::vector<std::string> compare_dirs;
+  double compare_rtol = 1e-5;
+  bool compare_quiet = false;
+  CLI::App* compare = app.add_subcommand("compare", "per-step agreement of loss and grad norm between runs");
+  compare->add_option("runs", compare_dirs, "run directories (each with metrics.jsonl); the first is the reference")
+      ->required()->expected(2, 1 << 20);
+  compare->add_option("--rtol", compare_rtol, "largest relative deviation that counts as agreement");
+  compare->add_flag("-q,--quiet", compare_quiet, "print only the summary line");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -128,6 +138,7 @@ int main(int argc, char** argv) {
   log::set_verbose(common.verbose);
   if (nproc > 0) overrides.push_back(fmt::format("distributed.nproc={}", nproc));
   try {
+    if (compare->parsed()) return compare_runs(compare_dirs, compare_rtol, compare_quiet);
     PluginRegistry registry = discover(common);
     if (plugins->parsed()) return list_plugins(registry, plugin_name);
     if (check_plugin_cmd->parsed()) {

@@ -22,7 +22,6 @@ struct ShardedGroup {
   Shard shard;
   Shard owned;
   torch::Tensor accumulated;  // this rank's shard of the summed gradient, over the whole window
-  torch::Tensor scratch;      // one micro-step's reduced shard, before it is added
   AdamWState state;
 };
 
@@ -37,7 +36,6 @@ class Zero2Strategy final : public Strategy {
       s.shard = shard_of(group.padded_numel, comm.rank(), comm.world_size());
       s.owned = unpadded(group, s.shard);
       s.accumulated = torch::zeros({s.shard.numel}, group.values.options());
-      s.scratch = torch::zeros({s.shard.numel}, group.values.options());
       s.state = adamw_init(group.values.narrow(0, s.owned.offset, s.owned.numel));
       shards_.push_back(std::move(s));
     }
@@ -46,7 +44,7 @@ class Zero2Strategy final : public Strategy {
   void begin_step(const StepPlan&) override {}
 
   void backward(const torch::Tensor& loss, const MicroStep&) override {
-    // A full gradient buffer for this micro-step only.
+    // A full gradient buffer, and its reduced shard, for this micro-step only.
     std::vector<torch::Tensor> full;
     for (ParameterGroup& group : groups_) {
       full.push_back(torch::zeros_like(group.values));
@@ -55,8 +53,9 @@ class Zero2Strategy final : public Strategy {
     loss.backward();
     torch::NoGradGuard no_grad;
     for (size_t g = 0; g < groups_.size(); ++g) {
-      comm_->reduce_scatter_sum(full[g], shards_[g].scratch);
-      shards_[g].accumulated.add_(shards_[g].scratch);
+      torch::Tensor reduced = torch::empty_like(shards_[g].accumulated);
+      comm_->reduce_scatter_sum(full[g], reduced);
+      shards_[g].accumulated.add_(reduced);
       for (ParameterSlot& slot : groups_[g].slots) slot.param.mutable_grad() = torch::Tensor();
     }
   }
@@ -90,7 +89,7 @@ class Zero2Strategy final : public Strategy {
     MemoryReport report;
     for (size_t g = 0; g < groups_.size(); ++g) {
       report.parameter_bytes += groups_[g].values.numel() * 4;
-      report.gradient_bytes += (shards_[g].accumulated.numel() + shards_[g].scratch.numel()) * 4;
+      report.gradient_bytes += shards_[g].accumulated.numel() * 4;
       report.optimizer_bytes += 2 * shards_[g].owned.numel * 4;
     }
     return report;
