@@ -193,7 +193,7 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
   const torch::Device device = request.device == "cuda" ? torch::Device(torch::kCUDA, world.local_rank) : torch::kCPU;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(request.timeout_s * 1000));
   std::unique_ptr<Comm> comm = connect_world(registry, request.backend, world, timeout, device,
-                                             request.strategy + "/" + split.text());
+                                             request.strategy + "/" + split.text(), request.backend_at_one_rank);
   const LoadedPlugin& plugin = registry.find(PluginKind::Strategy, request.strategy);
   Context context;
   context.rank = world.rank;

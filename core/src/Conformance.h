@@ -29,6 +29,7 @@ struct ConformanceRequest {
   std::vector<Split> splits;
   std::string device = "cpu";
   std::string backend = "gloo";
+  bool backend_at_one_rank = false;  ///< use the backend at world size 1 too (to test it there)
   double timeout_s = 120;
   std::string report;     ///< JSONL output: one row per split and rank
 };

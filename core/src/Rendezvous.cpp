@@ -2,6 +2,7 @@
 #include "Rendezvous.h"
 
 #include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "trainer/Errors.h"
@@ -53,10 +54,15 @@ void check_same_recipe(c10d::Store& store, const WorldInfo& world, const std::st
 
 std::unique_ptr<Comm> connect_world(PluginRegistry& registry, const std::string& backend, const WorldInfo& world,
                                     std::chrono::milliseconds timeout, torch::Device device,
-                                    const std::string& fingerprint) {
-  if (world.world_size == 1) return make_single_process_comm();
-  c10::intrusive_ptr<c10d::Store> store = join_store(world, timeout);
-  check_same_recipe(*store, world, fingerprint);
+                                    const std::string& fingerprint, bool use_backend_alone) {
+  if (world.world_size == 1 && !use_backend_alone) return make_single_process_comm();
+  c10::intrusive_ptr<c10d::Store> store;
+  if (world.world_size == 1) {
+    store = c10::make_intrusive<c10d::HashStore>();
+  } else {
+    store = join_store(world, timeout);
+    check_same_recipe(*store, world, fingerprint);
+  }
   Context context;
   context.rank = world.rank;
   context.world_size = world.world_size;

@@ -24,9 +24,10 @@ void check_same_recipe(c10d::Store& store, const WorldInfo& world, const std::st
 
 /// The whole join for world size > 1: store, same-job check on
 /// `fingerprint` (the resolved recipe), the comm plugin `backend`, connected.
-/// World size 1 gets the single-process group.
+/// World size 1 gets the single-process group, unless `use_backend_alone`
+/// asks for the backend even then (to test it at one rank).
 std::unique_ptr<Comm> connect_world(PluginRegistry& registry, const std::string& backend, const WorldInfo& world,
                                     std::chrono::milliseconds timeout, torch::Device device,
-                                    const std::string& fingerprint);
+                                    const std::string& fingerprint, bool use_backend_alone = false);
 
 }  // namespace trainer

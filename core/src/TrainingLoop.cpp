@@ -172,6 +172,31 @@ void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, c
   write_file_atomically(file, text + "]\n");
 }
 
+// FNV-1a over the bytes of the parameters this rank updates, gathered to
+// rank 0 into summary.json: two runs ended with the same weights (at the same
+// world size and strategy layout) exactly when these agree.
+void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const fs::path& file, bool writer,
+                   int64_t steps, int64_t applied_updates) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const FlatSlice& slice : strategy.parameter_slices()) {
+    const torch::Tensor host = slice.values.to(torch::kCPU).contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(host.data_ptr());
+    for (int64_t i = 0; i < host.numel() * host.element_size(); ++i) hash = (hash ^ bytes[i]) * 0x100000001b3ULL;
+  }
+  torch::Tensor local = torch::tensor({static_cast<int64_t>(hash)}, torch::kInt64).to(device);
+  torch::Tensor all = torch::zeros({comm.world_size()}, local.options());
+  comm.all_gather(local, all);
+  if (!writer) return;
+  all = all.cpu();
+  std::string hashes;
+  for (int r = 0; r < comm.world_size(); ++r) {
+    hashes += fmt::format("{}\"{:016x}\"", r ? ", " : "", static_cast<uint64_t>(all[r].item<int64_t>()));
+  }
+  write_file_atomically(file, fmt::format("{{\"steps\": {}, \"applied_updates\": {}, \"world_size\": {}, "
+                                          "\"parameter_fnv1a_per_rank\": [{}]}}\n",
+                                          steps, applied_updates, comm.world_size(), hashes));
+}
+
 }  // namespace
 
 std::string output_dir_of(const Recipe& recipe) {
@@ -310,6 +335,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
     loggers.log(record);
   }
   write_memory_report(*strategy, *comm, device, fs::path(context.output_dir) / "memory.json", writer);
+  write_summary(*strategy, *comm, device, fs::path(context.output_dir) / "summary.json", writer, steps, applied_updates);
 }
 
 }  // namespace trainer

@@ -116,6 +116,8 @@ int main(int argc, char** argv) {
   check_plugin_cmd->add_option("--split", split_texts, "micro,accum,world with product 8 (repeatable; default: six splits)");
   check_plugin_cmd->add_option("--device", check.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   check_plugin_cmd->add_option("--backend", check.backend, "comm plugin for world size > 1");
+  check_plugin_cmd->add_flag("--backend-at-one-rank", check.backend_at_one_rank,
+                             "use the backend at world size 1 too (tests it on one GPU)");
   check_plugin_cmd->add_option("--timeout", check.timeout_s, "seconds before a silent peer fails a split");
   check_plugin_cmd->add_option("--report", check.report, "write one JSON row per split and rank here");
   check_plugin_cmd->add_option("--rank-report", rank_report, "(internal) worker output directory")->group("");

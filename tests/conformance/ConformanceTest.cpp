@@ -40,12 +40,16 @@ TEST_P(Conformance, MatchesTheFp64Reference) {
     EXPECT_LE(row.at("grad_error"), 1e-5) << "rank " << row.at("rank");
     EXPECT_LE(row.at("norm_error"), 1e-5) << "rank " << row.at("rank");
     EXPECT_LE(row.at("param_error"), 1e-4) << "rank " << row.at("rank");
+    // World size 1: the same arithmetic as ddp, so the same bits.
+    if (c.split.back() == '1') {
+      EXPECT_EQ(row.at("identical_to_ddp"), 1.0);
+    }
   }
 }
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
-  for (const char* strategy : {"ddp"}) {
+  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
     for (const char* split : {"8,1,1", "2,4,1", "1,8,1", "4,1,2", "2,2,2", "1,2,4"}) cases.push_back({strategy, split});
   }
   return cases;
@@ -70,15 +74,21 @@ TEST(ConformanceNegativeControl, BrokenAccumulatorsFail) {
   }
 }
 
-TEST(ConformanceGpu, DdpOnCudaMatchesTheReference) {
+TEST(ConformanceGpu, EveryStrategyOnCudaOverNcclMatchesTheReference) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = scratch_dir("ConformanceGpu");
-  const auto result = trainer("check-plugin ddp --device cuda --split 8,1,1 --split 2,4,1 --split 1,8,1 --report " +
-                              dir + "/report.jsonl");
-  ASSERT_EQ(result.exit_code, 0) << result.output;
-  for (const MetricsRow& row : read_metrics(dir + "/report.jsonl")) {
-    EXPECT_LE(row.at("grad_error"), 1e-5);
-    EXPECT_LE(row.at("param_error"), 1e-4);
+  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+    const std::string dir = scratch_dir(std::string("ConformanceGpu_") + strategy);
+    const auto result = trainer(std::string("check-plugin ") + strategy +
+                                " --device cuda --backend nccl --backend-at-one-rank --split 8,1,1 --split 2,4,1 "
+                                "--split 1,8,1 --report " + dir + "/report.jsonl");
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    const std::vector<MetricsRow> rows = read_metrics(dir + "/report.jsonl");
+    ASSERT_EQ(rows.size(), 3u);
+    for (const MetricsRow& row : rows) {
+      EXPECT_LE(row.at("grad_error"), 1e-5) << strategy;
+      EXPECT_LE(row.at("param_error"), 1e-4) << strategy;
+      EXPECT_EQ(row.at("identical_to_ddp"), 1.0) << strategy;
+    }
   }
 }
 
