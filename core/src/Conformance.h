@@ -29,7 +29,8 @@ struct ConformanceRequest {
   std::vector<Split> splits;
   std::string device = "cpu";
   std::string backend = "gloo";
-  bool backend_at_one_rank = false;  ///< use the backend at world size 1 too (to test it there)
+  bool backend_at_one_rank = false;
+  bool bf16 = false;  ///< also run the bf16 accumulation check (on the world-size-1 splits)  ///< use the backend at world size 1 too (to test it there)
   double timeout_s = 120;
   std::string report;     ///< JSONL output: one row per split and rank
 };
@@ -42,7 +43,9 @@ struct ConformanceRow {
   double norm_error = 0;   ///< |reported norm - reference norm| / reference norm
   double param_error = 0;  ///< parameter change after 5 clipped AdamW steps, vs the reference's
   double masked = 0;       ///< share of elements left out of param_error (near-zero reference gradient)
-  int identical_to_ddp = -1;  ///< world size 1: parameters bit-identical to ddp's (1) or not (0); else -1
+  int identical_to_ddp = -1;
+  double bf16_error = -1;  ///< bf16 compute, 16 accumulation steps: error vs the exact sum of the micro-gradients
+  double bf16_bound = -1;  ///< what fp32 accumulation of those micro-gradients can err by  ///< world size 1: parameters bit-identical to ddp's (1) or not (0); else -1
 };
 
 /// Tolerances of the contract in fp32 (their origin is in Conformance.cpp).

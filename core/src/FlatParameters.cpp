@@ -7,7 +7,8 @@
 namespace trainer {
 
 std::vector<ParameterGroup> flatten_parameters(const std::vector<NamedParameter>& params,
-                                               torch::Device device, int64_t pad_to, torch::Dtype dtype) {
+                                               torch::Device device, int64_t pad_to, torch::Dtype dtype,
+                                               c10::optional<torch::Dtype> compute_dtype) {
   torch::NoGradGuard no_grad;
   std::vector<ParameterGroup> groups;
   for (const bool decay : {true, false}) {
@@ -22,9 +23,11 @@ std::vector<ParameterGroup> flatten_parameters(const std::vector<NamedParameter>
     group.padded_numel = (group.numel + pad_to - 1) / pad_to * pad_to;
     group.values = torch::zeros({group.padded_numel}, torch::TensorOptions().dtype(dtype).device(device));
     for (ParameterSlot& slot : group.slots) {
-      torch::Tensor view = group.values.narrow(0, slot.offset, slot.numel).view(slot.param.sizes());
-      view.copy_(slot.param);
-      slot.param.set_data(view);
+      group.values.narrow(0, slot.offset, slot.numel).copy_(slot.param.reshape(-1));
+    }
+    group.compute = compute_dtype.value_or(dtype) == dtype ? group.values : group.values.to(*compute_dtype);
+    for (ParameterSlot& slot : group.slots) {
+      slot.param.set_data(group.compute.narrow(0, slot.offset, slot.numel).view(slot.param.sizes()));
     }
     groups.push_back(std::move(group));
   }
@@ -35,6 +38,11 @@ void bind_gradients(ParameterGroup& group, const torch::Tensor& grads) {
   for (ParameterSlot& slot : group.slots) {
     slot.param.mutable_grad() = grads.narrow(0, slot.offset, slot.numel).view(slot.param.sizes());
   }
+}
+
+void sync_compute(ParameterGroup& group) {
+  torch::NoGradGuard no_grad;
+  if (separate_compute(group)) group.compute.copy_(group.values);
 }
 
 Shard shard_of(int64_t padded_numel, int rank, int world_size) {

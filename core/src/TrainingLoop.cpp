@@ -235,7 +235,8 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   int64_t parameter_count = 0;
   for (const NamedParameter& p : model->parameters()) parameter_count += p.tensor.numel();
 
-  strategy->setup(*model, *comm, StrategyEnv{device, adamw_of(recipe)});
+  const torch::Dtype compute_dtype = recipe.training.text("precision") == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  strategy->setup(*model, *comm, StrategyEnv{device, adamw_of(recipe), compute_dtype});
 
   const MemoryReport memory = strategy->memory();
   log::info(fmt::format("rank {} holds {} parameter, {} gradient and {} optimizer-state bytes", world.rank,

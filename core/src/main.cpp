@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
   check_plugin_cmd->add_option("--backend", check.backend, "comm plugin for world size > 1");
   check_plugin_cmd->add_flag("--backend-at-one-rank", check.backend_at_one_rank,
                              "use the backend at world size 1 too (tests it on one GPU)");
+  check_plugin_cmd->add_flag("--bf16", check.bf16, "also check bf16 accumulation over 16 micro-steps (default battery: on)");
   check_plugin_cmd->add_option("--timeout", check.timeout_s, "seconds before a silent peer fails a split");
   check_plugin_cmd->add_option("--report", check.report, "write one JSON row per split and rank here");
   check_plugin_cmd->add_option("--rank-report", rank_report, "(internal) worker output directory")->group("");
@@ -145,7 +146,10 @@ int main(int argc, char** argv) {
     if (plugins->parsed()) return list_plugins(registry, plugin_name);
     if (check_plugin_cmd->parsed()) {
       for (const std::string& text : split_texts) check.splits.push_back(parse_split(text));
-      if (check.splits.empty()) check.splits = default_splits();
+      if (check.splits.empty()) {
+        check.splits = default_splits();
+        check.bf16 = true;
+      }
       if (!rank_report.empty()) {  // a worker of one split
         const WorldInfo world = world_from_environment();
         log::set_rank(world.rank, world.world_size);

@@ -57,6 +57,22 @@ std::vector<Case> all_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Strategies, Conformance, ::testing::ValuesIn(all_cases()), name_of);
 
+// bf16 compute, 16 accumulation steps: the accumulated gradient stays within
+// what fp32 accumulation of the bf16 micro-gradients can err by (the bound's
+// derivation is in core/src/Conformance.cpp).
+TEST(ConformanceBf16, AccumulationStaysWithinTheFp32Bound) {
+  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+    const std::string dir = scratch_dir(std::string("ConformanceBf16_") + strategy);
+    const auto result =
+        trainer(std::string("check-plugin ") + strategy + " --split 8,1,1 --bf16 --report " + dir + "/report.jsonl");
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    const MetricsRow row = read_metrics(dir + "/report.jsonl").at(0);
+    EXPECT_GE(row.at("bf16_error"), 0.0) << strategy;
+    EXPECT_LE(row.at("bf16_error"), row.at("bf16_bound")) << strategy;
+    EXPECT_LT(row.at("bf16_bound"), 1e-5) << strategy;  // (16 - 1) * 2^-24 * spread, about 2e-6 here
+  }
+}
+
 // The kit can fail: each broken accumulator is caught, by a wide margin, at
 // a split that exposes it.
 TEST(ConformanceNegativeControl, BrokenAccumulatorsFail) {
@@ -72,6 +88,14 @@ TEST(ConformanceNegativeControl, BrokenAccumulatorsFail) {
     ASSERT_FALSE(rows.empty()) << name;
     EXPECT_GT(rows[0].at("grad_error"), 1e-2) << name;
   }
+  // A bf16 accumulator: fine in fp32, caught by the bf16 check.
+  const std::string dir = scratch_dir("ConformanceBroken_bf16");
+  const auto result = trainer("check-plugin " + fixtures + "trainer-strategy-bf16-accumulator.so --split 8,1,1 --bf16 "
+                              "--report " + dir + "/report.jsonl");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  const MetricsRow row = read_metrics(dir + "/report.jsonl").at(0);
+  EXPECT_LE(row.at("grad_error"), 1e-5);
+  EXPECT_GT(row.at("bf16_error"), 100 * row.at("bf16_bound"));
 }
 
 TEST(ConformanceGpu, EveryStrategyOnCudaOverNcclMatchesTheReference) {

@@ -23,7 +23,8 @@ struct ParameterSlot {
 /// Parameters with the same weight-decay setting, stored back to back.
 struct ParameterGroup {
   bool decay = true;
-  torch::Tensor values;  ///< flat (fp32), `padded_numel` elements; parameters are views of it
+  torch::Tensor values;   ///< flat master copy (fp32), `padded_numel` elements
+  torch::Tensor compute;  ///< what the parameters are views of: `values` itself, or a bf16 copy of it
   std::vector<ParameterSlot> slots;
   int64_t numel = 0;         ///< sum of parameter sizes
   int64_t padded_numel = 0;  ///< numel rounded up to a multiple of pad_to; the tail is zero
@@ -33,13 +34,24 @@ struct ParameterGroup {
 /// the parameter a view of it (Tensor::set_data), so the model keeps working
 /// on the same tensor objects. Groups: decay first, then no-decay; empty
 /// groups are left out. Parameter order within a group is the model's.
-/// `dtype` is fp32 for training; the conformance kit's reference uses fp64.
+/// `dtype` is the master dtype (fp32 for training; the conformance kit's
+/// reference uses fp64). With a narrower `compute_dtype` (bf16) the
+/// parameters become views of a separate `compute` buffer instead, which
+/// sync_compute() refreshes from `values` after each update.
 std::vector<ParameterGroup> flatten_parameters(const std::vector<NamedParameter>& params,
                                                torch::Device device, int64_t pad_to,
-                                               torch::Dtype dtype = torch::kFloat32);
+                                               torch::Dtype dtype = torch::kFloat32,
+                                               c10::optional<torch::Dtype> compute_dtype = c10::nullopt);
+
+/// True when the parameters compute in another dtype than the master copy.
+inline bool separate_compute(const ParameterGroup& group) { return !group.compute.is_same(group.values); }
+
+/// compute = values (rounded to the compute dtype); nothing when they are one buffer.
+void sync_compute(ParameterGroup& group);
 
 /// Makes each parameter's .grad a view of `grads` (laid out as
-/// group.values), so autograd accumulates in place into the flat buffer.
+/// group.values, in the compute dtype), so autograd accumulates in place
+/// into the flat buffer.
 void bind_gradients(ParameterGroup& group, const torch::Tensor& grads);
 
 /// The contiguous slice [offset, offset + numel) of a padded flat buffer that

@@ -12,6 +12,9 @@
 
 namespace trainer {
 
+/// For KeySpec::min / max: no bound.
+inline constexpr double kNoLimit = std::numeric_limits<double>::infinity();
+
 /// The value types a recipe key may have.
 enum class ValueType { Bool, Int, Float, String };
 

@@ -18,6 +18,9 @@ namespace trainer {
 struct StrategyEnv {
   torch::Device device = torch::kCPU;
   AdamWConfig adamw;
+  /// Parameters and activations compute in this dtype (training.precision);
+  /// master weights, optimizer state and gradient accumulation stay fp32.
+  torch::Dtype compute_dtype = torch::kFloat32;
 };
 
 /// Announced before the first micro-step of optimizer step `step`.

@@ -24,7 +24,8 @@ namespace {
 using namespace trainer;
 
 struct Bucket {
-  torch::Tensor grads;  // a contiguous view of one group's flat gradient buffer
+  torch::Tensor grads;    // a contiguous view of one group's flat fp32 gradient buffer
+  torch::Tensor compute;  // the same range of the bf16 gradient autograd writes (bf16 compute only)
   int parameters = 0;   // how many parameters' gradients it holds
   int ready = 0;        // of those, final in this step's last backward
   std::unique_ptr<CommWork> work;
@@ -34,17 +35,22 @@ class DdpStrategy final : public Strategy {
  public:
   explicit DdpStrategy(const Options& options)
       : bucket_bytes_(static_cast<int64_t>(options.real("bucket_mb") * 1024 * 1024)),
-        overlap_(options.boolean("overlap")) {}
+        overlap_(options.boolean("overlap")),
+        reduce_bf16_(options.text("reduce_dtype") == "bf16") {
+    if (overlap_ && reduce_bf16_) options.fail("overlap", "false with reduce_dtype = 'bf16'");
+  }
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
     comm_ = &comm;
     adamw_ = env.adamw;
-    groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/1);
+    groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/1, torch::kFloat32, env.compute_dtype);
     for (ParameterGroup& group : groups_) {
-      // Autograd adds each micro-step's gradient into this buffer in place,
-      // so accumulation has no code path that could overwrite instead of add.
+      // In fp32, autograd adds each micro-step's gradient into this buffer in
+      // place. In bf16, autograd writes a bf16 buffer that is added into the
+      // fp32 one after every micro-step, so accumulation error stays fp32's.
       grads_.push_back(torch::zeros_like(group.values));
-      bind_gradients(group, grads_.back());
+      compute_grads_.push_back(separate_compute(group) ? torch::zeros_like(group.compute) : grads_.back());
+      bind_gradients(group, compute_grads_.back());
       states_.push_back(adamw_init(group.values));
     }
     build_buckets();
@@ -56,14 +62,24 @@ class DdpStrategy final : public Strategy {
     armed_ = overlap_ && micro.is_last && comm_->world_size() > 1;
     loss.backward();
     armed_ = false;
+    for (Bucket& bucket : buckets_) {
+      if (!bucket.work) fold(bucket);  // buckets already reduced were folded by their hook
+    }
   }
 
   double reduce_gradients() override {
+    torch::NoGradGuard no_grad;
     for (Bucket& bucket : buckets_) {
-      if (!bucket.work) bucket.work = comm_->all_reduce_sum_async(bucket.grads);
+      if (reduce_bf16_) {
+        torch::Tensor narrow = bucket.grads.to(torch::kBFloat16);
+        comm_->all_reduce_sum(narrow);
+        bucket.grads.copy_(narrow);
+      } else if (!bucket.work) {
+        bucket.work = comm_->all_reduce_sum_async(bucket.grads);
+      }
     }
     for (Bucket& bucket : buckets_) {
-      bucket.work->wait();
+      if (bucket.work) bucket.work->wait();
       bucket.work.reset();
       bucket.ready = 0;
     }
@@ -77,6 +93,7 @@ class DdpStrategy final : public Strategy {
     for (size_t g = 0; g < groups_.size(); ++g) {
       if (args.grad_scale != 1.0) grads_[g].mul_(args.grad_scale);
       adamw_update(groups_[g].values, grads_[g], states_[g], adamw_, groups_[g].decay, args.lr, args.adam_step);
+      sync_compute(groups_[g]);
     }
     discard_gradients();
   }
@@ -87,11 +104,13 @@ class DdpStrategy final : public Strategy {
 
   MemoryReport memory() const override {
     MemoryReport report;
-    for (const ParameterGroup& group : groups_) {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const ParameterGroup& group = groups_[g];
       const int64_t bytes = group.values.numel() * 4;
-      report.parameter_bytes += bytes;
-      report.gradient_bytes += bytes;
-      report.optimizer_bytes += 2 * bytes;
+      const bool separate = separate_compute(group);
+      report.parameter_bytes += group.compute.numel() * group.compute.element_size();
+      report.gradient_bytes += bytes + (separate ? compute_grads_[g].numel() * compute_grads_[g].element_size() : 0);
+      report.optimizer_bytes += 2 * bytes + (separate ? bytes : 0);  // moments, and master weights if separate
     }
     return report;
   }
@@ -143,9 +162,18 @@ class DdpStrategy final : public Strategy {
     }
   }
 
+  // bf16 compute: adds the micro-step's bf16 gradient into the fp32 one.
+  void fold(Bucket& bucket) {
+    if (!bucket.compute.defined()) return;
+    torch::NoGradGuard no_grad;
+    bucket.grads.add_(bucket.compute);
+    bucket.compute.zero_();
+  }
+
   void add_bucket(size_t group, int64_t begin, int64_t end, int count) {
     Bucket bucket;
     bucket.grads = grads_[group].narrow(0, begin, end - begin);
+    if (separate_compute(groups_[group])) bucket.compute = compute_grads_[group].narrow(0, begin, end - begin);
     bucket.parameters = count;
     buckets_.push_back(std::move(bucket));
   }
@@ -155,16 +183,21 @@ class DdpStrategy final : public Strategy {
     if (!armed_) return;
     std::lock_guard<std::mutex> lock(mutex_);
     Bucket& bucket = buckets_[index];
-    if (++bucket.ready == bucket.parameters && !bucket.work) bucket.work = comm_->all_reduce_sum_async(bucket.grads);
+    if (++bucket.ready == bucket.parameters && !bucket.work) {
+      fold(bucket);
+      bucket.work = comm_->all_reduce_sum_async(bucket.grads);
+    }
   }
 
   int64_t bucket_bytes_;
   bool overlap_;
+  bool reduce_bf16_;
   bool armed_ = false;
   Comm* comm_ = nullptr;
   AdamWConfig adamw_;
   std::vector<ParameterGroup> groups_;
-  std::vector<torch::Tensor> grads_;
+  std::vector<torch::Tensor> grads_;          // fp32 accumulators
+  std::vector<torch::Tensor> compute_grads_;  // what autograd writes: grads_ itself in fp32, bf16 otherwise
   std::vector<AdamWState> states_;
   std::vector<Bucket> buckets_;
   std::map<const void*, size_t> bucket_of_;
@@ -175,6 +208,7 @@ class DdpStrategy final : public Strategy {
 constexpr KeySpec kKeys[] = {
     {"bucket_mb", ValueType::Float, "25.0", "gradient bytes per all-reduce bucket (whole parameters)", 1e-6, 1e6},
     {"overlap", ValueType::Bool, "false", "start each bucket's all-reduce during the last backward"},
+    {"reduce_dtype", ValueType::String, "'fp32'", "dtype of the gradient all-reduce", -kNoLimit, kNoLimit, "fp32|bf16"},
 };
 
 Component* create(const Options& options, const Context&) { return new DdpStrategy(options); }

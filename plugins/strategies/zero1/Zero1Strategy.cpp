@@ -20,23 +20,29 @@ using namespace trainer;
 struct ShardedGroup {
   Shard shard;           // this rank's slice of the padded buffer
   Shard owned;           // its real elements (padding excluded)
-  torch::Tensor grads;   // full gradient buffer, bound as the parameters' .grad
+  torch::Tensor grads;   // full fp32 gradient buffer
+  torch::Tensor compute; // what autograd writes: `grads` itself in fp32, a bf16 buffer in bf16
   torch::Tensor reduced; // this rank's shard of the summed gradient
   AdamWState state;      // of the owned elements only
 };
 
 class Zero1Strategy final : public Strategy {
  public:
+  explicit Zero1Strategy(const Options& options)
+      : reduce_dtype_(options.text("reduce_dtype") == "bf16" ? torch::kBFloat16 : torch::kFloat32) {}
+
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
     comm_ = &comm;
     adamw_ = env.adamw;
-    groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/comm.world_size());
+    groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/comm.world_size(), torch::kFloat32,
+                                 env.compute_dtype);
     for (ParameterGroup& group : groups_) {
       ShardedGroup s;
       s.shard = shard_of(group.padded_numel, comm.rank(), comm.world_size());
       s.owned = unpadded(group, s.shard);
       s.grads = torch::zeros_like(group.values);
-      bind_gradients(group, s.grads);
+      s.compute = separate_compute(group) ? torch::zeros_like(group.compute) : s.grads;
+      bind_gradients(group, s.compute);
       s.reduced = torch::zeros({s.shard.numel}, group.values.options());
       s.state = adamw_init(group.values.narrow(0, s.owned.offset, s.owned.numel));
       shards_.push_back(std::move(s));
@@ -45,10 +51,27 @@ class Zero1Strategy final : public Strategy {
 
   void begin_step(const StepPlan&) override {}
 
-  void backward(const torch::Tensor& loss, const MicroStep&) override { loss.backward(); }
+  void backward(const torch::Tensor& loss, const MicroStep&) override {
+    loss.backward();
+    torch::NoGradGuard no_grad;
+    for (ShardedGroup& s : shards_) {
+      if (s.compute.is_same(s.grads)) continue;
+      s.grads.add_(s.compute);  // bf16 micro-step gradient into the fp32 accumulator
+      s.compute.zero_();
+    }
+  }
 
   double reduce_gradients() override {
-    for (ShardedGroup& s : shards_) comm_->reduce_scatter_sum(s.grads, s.reduced);
+    torch::NoGradGuard no_grad;
+    for (ShardedGroup& s : shards_) {
+      if (reduce_dtype_ == torch::kFloat32) {
+        comm_->reduce_scatter_sum(s.grads, s.reduced);
+      } else {
+        torch::Tensor out = torch::empty_like(s.reduced, reduce_dtype_);
+        comm_->reduce_scatter_sum(s.grads.to(reduce_dtype_), out);
+        s.reduced.copy_(out);
+      }
+    }
     return global_norm();
   }
 
@@ -61,6 +84,7 @@ class Zero1Strategy final : public Strategy {
       adamw_update(groups_[g].values.narrow(0, s.owned.offset, s.owned.numel), grads, s.state, adamw_,
                    groups_[g].decay, args.lr, args.adam_step);
       comm_->all_gather(groups_[g].values.narrow(0, s.shard.offset, s.shard.numel), groups_[g].values);
+      sync_compute(groups_[g]);
     }
     discard_gradients();
   }
@@ -72,9 +96,12 @@ class Zero1Strategy final : public Strategy {
   MemoryReport memory() const override {
     MemoryReport report;
     for (size_t g = 0; g < groups_.size(); ++g) {
-      report.parameter_bytes += groups_[g].values.numel() * 4;
-      report.gradient_bytes += (shards_[g].grads.numel() + shards_[g].reduced.numel()) * 4;
-      report.optimizer_bytes += 2 * shards_[g].owned.numel * 4;
+      const bool separate = separate_compute(groups_[g]);
+      report.parameter_bytes += groups_[g].compute.numel() * groups_[g].compute.element_size();
+      report.gradient_bytes += (shards_[g].grads.numel() + shards_[g].reduced.numel()) * 4 +
+                               (separate ? shards_[g].compute.numel() * shards_[g].compute.element_size() : 0);
+      // moments of the shard, and the fp32 master weights when parameters compute in bf16
+      report.optimizer_bytes += 2 * shards_[g].owned.numel * 4 + (separate ? groups_[g].values.numel() * 4 : 0);
     }
     return report;
   }
@@ -106,18 +133,24 @@ class Zero1Strategy final : public Strategy {
     return std::sqrt(total.item<double>());
   }
 
+  torch::Dtype reduce_dtype_;
   Comm* comm_ = nullptr;
   AdamWConfig adamw_;
   std::vector<ParameterGroup> groups_;
   std::vector<ShardedGroup> shards_;
 };
 
-Component* create(const Options&, const Context&) { return new Zero1Strategy(); }
+constexpr KeySpec kKeys[] = {
+    {"reduce_dtype", ValueType::String, "'fp32'", "dtype of the gradient reduce-scatter", -kNoLimit, kNoLimit,
+     "fp32|bf16"},
+};
+
+Component* create(const Options& options, const Context&) { return new Zero1Strategy(options); }
 
 const PluginDescriptor* describe() {
   static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Strategy, "zero1", "0.1.0",
                                            "ZeRO stage 1: AdamW state sharded across ranks", TRAINER_TORCH_VERSION,
-                                           nullptr, 0, &create};
+                                           kKeys, std::size(kKeys), &create};
   return &descriptor;
 }
 

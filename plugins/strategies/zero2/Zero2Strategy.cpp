@@ -27,10 +27,14 @@ struct ShardedGroup {
 
 class Zero2Strategy final : public Strategy {
  public:
+  explicit Zero2Strategy(const Options& options)
+      : reduce_dtype_(options.text("reduce_dtype") == "bf16" ? torch::kBFloat16 : torch::kFloat32) {}
+
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
     comm_ = &comm;
     adamw_ = env.adamw;
-    groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/comm.world_size());
+    groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/comm.world_size(), torch::kFloat32,
+                                 env.compute_dtype);
     for (ParameterGroup& group : groups_) {
       ShardedGroup s;
       s.shard = shard_of(group.padded_numel, comm.rank(), comm.world_size());
@@ -47,14 +51,16 @@ class Zero2Strategy final : public Strategy {
     // A full gradient buffer, and its reduced shard, for this micro-step only.
     std::vector<torch::Tensor> full;
     for (ParameterGroup& group : groups_) {
-      full.push_back(torch::zeros_like(group.values));
+      full.push_back(torch::zeros_like(group.compute));
       bind_gradients(group, full.back());
     }
     loss.backward();
     torch::NoGradGuard no_grad;
     for (size_t g = 0; g < groups_.size(); ++g) {
-      torch::Tensor reduced = torch::empty_like(shards_[g].accumulated);
-      comm_->reduce_scatter_sum(full[g], reduced);
+      // Reduced in reduce_dtype (fp32 by default: a bf16 gradient is widened
+      // exactly), then added into the fp32 accumulator.
+      torch::Tensor reduced = torch::empty_like(shards_[g].accumulated, reduce_dtype_);
+      comm_->reduce_scatter_sum(full[g].to(reduce_dtype_), reduced);
       shards_[g].accumulated.add_(reduced);
       for (ParameterSlot& slot : groups_[g].slots) slot.param.mutable_grad() = torch::Tensor();
     }
@@ -77,6 +83,7 @@ class Zero2Strategy final : public Strategy {
       adamw_update(groups_[g].values.narrow(0, s.owned.offset, s.owned.numel), grads, s.state, adamw_,
                    groups_[g].decay, args.lr, args.adam_step);
       comm_->all_gather(groups_[g].values.narrow(0, s.shard.offset, s.shard.numel), groups_[g].values);
+      sync_compute(groups_[g]);
     }
     discard_gradients();
   }
@@ -88,9 +95,10 @@ class Zero2Strategy final : public Strategy {
   MemoryReport memory() const override {
     MemoryReport report;
     for (size_t g = 0; g < groups_.size(); ++g) {
-      report.parameter_bytes += groups_[g].values.numel() * 4;
+      const bool separate = separate_compute(groups_[g]);
+      report.parameter_bytes += groups_[g].compute.numel() * groups_[g].compute.element_size();
       report.gradient_bytes += shards_[g].accumulated.numel() * 4;
-      report.optimizer_bytes += 2 * shards_[g].owned.numel * 4;
+      report.optimizer_bytes += 2 * shards_[g].owned.numel * 4 + (separate ? groups_[g].values.numel() * 4 : 0);
     }
     return report;
   }
@@ -112,18 +120,24 @@ class Zero2Strategy final : public Strategy {
   }
 
  private:
+  torch::Dtype reduce_dtype_;
   Comm* comm_ = nullptr;
   AdamWConfig adamw_;
   std::vector<ParameterGroup> groups_;
   std::vector<ShardedGroup> shards_;
 };
 
-Component* create(const Options&, const Context&) { return new Zero2Strategy(); }
+constexpr KeySpec kKeys[] = {
+    {"reduce_dtype", ValueType::String, "'fp32'", "dtype of each micro-step's reduce-scatter", -kNoLimit, kNoLimit,
+     "fp32|bf16"},
+};
+
+Component* create(const Options& options, const Context&) { return new Zero2Strategy(options); }
 
 const PluginDescriptor* describe() {
   static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Strategy, "zero2", "0.1.0",
                                            "ZeRO stage 2: gradients and AdamW state sharded", TRAINER_TORCH_VERSION,
-                                           nullptr, 0, &create};
+                                           kKeys, std::size(kKeys), &create};
   return &descriptor;
 }
 
