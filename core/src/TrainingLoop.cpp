@@ -247,7 +247,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   const double max_grad_norm = recipe.training.real("max_grad_norm");
   const bool skip_nonfinite = recipe.training.text("on_nonfinite") == "skip";
   const LrSchedule schedule = schedule_of(recipe);
-  GlobalBatchSampler sampler(context.seed, dataset->size(), /*shuffle=*/true);
+  GlobalBatchSampler sampler(context.seed, dataset->size(), dataset->shuffle());
 
   std::vector<std::unique_ptr<Logger>> logger_list;
   for (const ComponentChoice& choice : recipe.loggers) {

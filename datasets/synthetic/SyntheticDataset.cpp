@@ -28,6 +28,7 @@ class SyntheticDataset final : public Dataset {
         prompt_min_(options.integer("prompt_min")),
         prompt_max_(options.integer("prompt_max")),
         completion_only_(options.boolean("completion_only_loss")),
+        shuffle_(options.boolean("shuffle")),
         seed_(context.seed) {
     if (prompt_max_ < prompt_min_) options.fail("prompt_max", fmt::format("at least prompt_min = {}", prompt_min_));
     // BOS + prompt + SEP + at least one completion token + EOS fit in seq_len + 1.
@@ -39,6 +40,7 @@ class SyntheticDataset final : public Dataset {
   int64_t size() const override { return size_; }
   int64_t seq_len() const override { return seq_len_; }
   int64_t vocab_size() const override { return vocab_size_; }
+  bool shuffle() const override { return shuffle_; }
 
   Sample get(int64_t index) const override {
     uint64_t state = seed_ * 0xd1b54a32d192ed03ULL ^ (static_cast<uint64_t>(index) + 1) * 0x9e3779b97f4a7c15ULL;
@@ -75,7 +77,7 @@ class SyntheticDataset final : public Dataset {
 
  private:
   int64_t seq_len_, vocab_size_, size_, prompt_min_, prompt_max_;
-  bool completion_only_;
+  bool completion_only_, shuffle_;
   uint64_t seed_;
 };
 
@@ -86,6 +88,7 @@ constexpr KeySpec kKeys[] = {
     {"prompt_min", ValueType::Int, "2", "shortest prompt", 1, 1 << 20},
     {"prompt_max", ValueType::Int, "8", "longest prompt", 1, 1 << 20},
     {"completion_only_loss", ValueType::Bool, "true", "loss on completion tokens only (else on every token)"},
+    {"shuffle", ValueType::Bool, "true", "false: step t takes samples t*G .. (t+1)*G - 1 in index order"},
 };
 
 Component* create(const Options& options, const Context& context) { return new SyntheticDataset(options, context); }

@@ -29,6 +29,9 @@ class Dataset : public Component {
   virtual int64_t seq_len() const = 0;
   /// One more than the largest token id get() can return.
   virtual int64_t vocab_size() const = 0;
+  /// false: step t takes samples t*G .. (t+1)*G - 1 in order (wrapping), for
+  /// curricula and for comparing with other frameworks sample by sample.
+  virtual bool shuffle() const { return true; }
 };
 
 }  // namespace trainer

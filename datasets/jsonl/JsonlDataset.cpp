@@ -1,0 +1,135 @@
+// Dataset `jsonl`: prompt/completion records, one JSON object per line,
+// either text ("prompt", "completion": byte-level tokens, BOS and EOS added)
+// or pre-tokenised ids ("prompt_ids", "completion_ids": used as given).
+// The whole file is read and checked when the run starts, so a malformed
+// line is reported before any training, with file and line.
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "trainer/Dataset.h"
+#include "trainer/Errors.h"
+#include "trainer/Json.h"
+#include "trainer/Log.h"
+
+namespace {
+
+using namespace trainer;
+
+// Byte-level tokenizer: byte b is token b; then BOS and EOS.
+constexpr int32_t kBos = 256, kEos = 257, kByteVocab = 258;
+
+class JsonlDataset final : public Dataset {
+ public:
+  JsonlDataset(const Options& options, const Context&)
+      : path_(options.text("path")),
+        seq_len_(options.integer("seq_len")),
+        vocab_size_(options.integer("vocab_size")),
+        completion_only_(options.boolean("completion_only_loss")),
+        shuffle_(options.boolean("shuffle")) {
+    std::ifstream in(path_);
+    if (!in) options.fail("path", fmt::format("a readable file, cannot open '{}'", path_));
+    const bool skip_bad = options.boolean("skip_bad_lines");
+    int64_t skipped = 0;
+    std::string first_bad;
+    std::string line;
+    for (int64_t number = 1; std::getline(in, line); ++number) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      try {
+        samples_.push_back(parse(line));
+      } catch (const std::exception& error) {
+        const std::string where = fmt::format("{}:{}: {}", path_, number, error.what());
+        if (!skip_bad) throw InputError(where + " (set dataset.skip_bad_lines = true to skip such lines)");
+        if (skipped++ == 0) first_bad = where;
+      }
+    }
+    if (skipped > 0) log::warn(fmt::format("{}: skipped {} malformed line(s); the first: {}", path_, skipped, first_bad));
+    if (samples_.empty()) throw InputError(fmt::format("{}: no records", path_));
+  }
+
+  int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
+  Sample get(int64_t index) const override { return samples_.at(static_cast<size_t>(index)); }
+  int64_t seq_len() const override { return seq_len_; }
+  int64_t vocab_size() const override { return vocab_size_; }
+  bool shuffle() const override { return shuffle_; }
+
+ private:
+  std::vector<int32_t> ids(const Json& array, const char* key) const {
+    if (!array.is_array()) throw std::runtime_error(fmt::format("\"{}\" must be an array of token ids", key));
+    std::vector<int32_t> out;
+    for (const Json& id : array.items()) {
+      if (!id.is_integer() || id.as_int() < 0 || id.as_int() >= vocab_size_) {
+        throw std::runtime_error(fmt::format("\"{}\" holds a token id outside [0, vocab_size = {})", key, vocab_size_));
+      }
+      out.push_back(static_cast<int32_t>(id.as_int()));
+    }
+    return out;
+  }
+
+  Sample parse(const std::string& line) const {
+    const Json record = Json::parse(line);
+    if (!record.is_object()) throw std::runtime_error("expected a JSON object");
+    std::vector<int32_t> prompt, completion;
+    const Json* prompt_ids = record.find("prompt_ids");
+    if (prompt_ids) {
+      const Json* completion_ids = record.find("completion_ids");
+      if (!completion_ids) throw std::runtime_error("\"prompt_ids\" without \"completion_ids\"");
+      prompt = ids(*prompt_ids, "prompt_ids");
+      completion = ids(*completion_ids, "completion_ids");
+    } else {
+      const Json* p = record.find("prompt");
+      const Json* c = record.find("completion");
+      if (!p || !c || !p->is_string() || !c->is_string()) {
+        throw std::runtime_error("expected string fields \"prompt\" and \"completion\" (or \"prompt_ids\" and \"completion_ids\")");
+      }
+      if (vocab_size_ < kByteVocab) {
+        throw std::runtime_error(fmt::format("text records need vocab_size >= {} (bytes, BOS, EOS)", kByteVocab));
+      }
+      prompt.push_back(kBos);
+      for (const unsigned char b : p->as_string()) prompt.push_back(b);
+      for (const unsigned char b : c->as_string()) completion.push_back(b);
+      completion.push_back(kEos);
+    }
+    Sample sample;
+    sample.tokens = prompt;
+    sample.tokens.insert(sample.tokens.end(), completion.begin(), completion.end());
+    sample.target.assign(prompt.size(), completion_only_ ? 0 : 1);
+    sample.target.resize(sample.tokens.size(), 1);
+    if (!sample.target.empty()) sample.target[0] = 0;
+    // Truncation keeps the start: the model sees at most seq_len inputs.
+    const size_t limit = static_cast<size_t>(seq_len_ + 1);
+    if (sample.tokens.size() > limit) {
+      sample.tokens.resize(limit);
+      sample.target.resize(limit);
+    }
+    if (sample.tokens.size() < 2) throw std::runtime_error("a record needs at least two tokens");
+    return sample;
+  }
+
+  std::string path_;
+  int64_t seq_len_, vocab_size_;
+  bool completion_only_, shuffle_;
+  std::vector<Sample> samples_;
+};
+
+constexpr KeySpec kKeys[] = {
+    {"path", ValueType::String, nullptr, "the .jsonl file"},
+    {"seq_len", ValueType::Int, "512", "input positions per sample; longer records are truncated", 1, 1 << 24},
+    {"vocab_size", ValueType::Int, "258", "token ids are below this (text records: 256 bytes + BOS + EOS)", 2, 1 << 30},
+    {"completion_only_loss", ValueType::Bool, "true", "loss on completion tokens only (else every token after the first)"},
+    {"skip_bad_lines", ValueType::Bool, "false", "skip malformed lines (counted and reported) instead of failing"},
+    {"shuffle", ValueType::Bool, "true", "false: step t takes records t*G .. (t+1)*G - 1 in file order"},
+};
+
+Component* create(const Options& options, const Context& context) { return new JsonlDataset(options, context); }
+
+const PluginDescriptor* describe() {
+  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Dataset, "jsonl", "0.1.0",
+                                           "prompt/completion records from a JSON-lines file", TRAINER_TORCH_VERSION,
+                                           kKeys, std::size(kKeys), &create};
+  return &descriptor;
+}
+
+}  // namespace
+
+TRAINER_PLUGIN(describe)

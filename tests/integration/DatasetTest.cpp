@@ -1,0 +1,88 @@
+// The file datasets end to end: jsonl (text and pre-tokenised), tokens, file
+// order with shuffle = false, and bad data files named by file and line.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "TestSupport.h"
+
+namespace trainer {
+namespace {
+
+using testing::read_file;
+using testing::scratch_dir;
+using testing::trainer;
+using testing::write_file;
+
+std::string recipe(const std::string& dir, const std::string& dataset, int64_t vocab = 258) {
+  return write_file(dir + "/recipe.toml", "[run]\noutput_dir = '" + dir + "/run'\n[model]\nname = 'qwen2'\nvocab_size = " +
+                                              std::to_string(vocab) + "\nhidden_size = 16\nintermediate_size = 32\n"
+                                              "num_attention_heads = 2\nnum_key_value_heads = 1\n[dataset]\n" + dataset +
+                                              "[training]\nsteps = 2\nmicro_batch_size = 1\ngrad_accum_steps = 2\n");
+}
+
+TEST(Datasets, JsonlTextInFileOrderCountsCompletionTargets) {
+  const std::string dir = scratch_dir("JsonlText");
+  write_file(dir + "/data.jsonl",
+             "{\"prompt\": \"Q: 1+1\", \"completion\": \"2\"}\n\n{\"prompt\": \"Q: hi\", \"completion\": \"hello\"}\n"
+             "{\"prompt\": \"x\", \"completion\": \"\\u00e9\"}\n");
+  const auto result = trainer("run " + recipe(dir, "name = 'jsonl'\npath = '" + dir + "/data.jsonl'\nshuffle = false\n"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto rows = read_metrics(dir + "/run/metrics.jsonl");
+  ASSERT_EQ(rows.size(), 2u);
+  // Step 1: records 0 and 1, completions "2" and "hello" plus EOS each.
+  EXPECT_EQ(rows[0].at("target_tokens"), (1 + 1) + (5 + 1));
+  // Step 2: record 2 ("é" is two UTF-8 bytes, plus EOS), then record 0 again.
+  EXPECT_EQ(rows[1].at("target_tokens"), (2 + 1) + (1 + 1));
+}
+
+TEST(Datasets, JsonlIdsAndErrorsNameFileAndLine) {
+  const std::string dir = scratch_dir("JsonlIds");
+  write_file(dir + "/ids.jsonl", "{\"prompt_ids\": [1, 2, 3], \"completion_ids\": [4, 5]}\n"
+                                 "{\"prompt_ids\": [6], \"completion_ids\": [7, 8, 9]}\n");
+  EXPECT_EQ(trainer("run " + recipe(dir, "name = 'jsonl'\npath = '" + dir + "/ids.jsonl'\nvocab_size = 16\n", 16)).exit_code, 0);
+
+  write_file(dir + "/bad.jsonl", "{\"prompt_ids\": [1, 2], \"completion_ids\": [3]}\n{\"prompt_ids\": [1], }\n"
+                                 "{\"prompt_ids\": [1], \"completion_ids\": [99]}\n");
+  const std::string bad_dataset = "name = 'jsonl'\npath = '" + dir + "/bad.jsonl'\nvocab_size = 16\n";
+  const auto bad = trainer("run " + recipe(dir, bad_dataset, 16));
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("bad.jsonl:2: column 21: expected a string key"), std::string::npos) << bad.output;
+  const auto skipped = trainer("run " + recipe(dir, bad_dataset + "skip_bad_lines = true\n", 16));
+  EXPECT_EQ(skipped.exit_code, 0) << skipped.output;
+  EXPECT_NE(skipped.output.find("skipped 2 malformed line(s); the first: " + dir + "/bad.jsonl:2"), std::string::npos)
+      << skipped.output;
+  write_file(dir + "/range.jsonl", "{\"prompt_ids\": [1], \"completion_ids\": [99]}\n");
+  const auto range = trainer("run " + recipe(dir, "name = 'jsonl'\npath = '" + dir + "/range.jsonl'\nvocab_size = 16\n", 16));
+  EXPECT_EQ(range.exit_code, 2) << range.output;
+  EXPECT_NE(range.output.find("range.jsonl:1: \"completion_ids\" holds a token id outside [0, vocab_size = 16)"),
+            std::string::npos)
+      << range.output;
+}
+
+TEST(Datasets, TokensWindowsAndBadFiles) {
+  const std::string dir = scratch_dir("Tokens");
+  {
+    std::ofstream out(dir + "/tokens.bin", std::ios::binary);
+    for (uint16_t i = 0; i < 200; ++i) {
+      const uint16_t id = i % 50;
+      out.write(reinterpret_cast<const char*>(&id), 2);
+    }
+  }
+  const std::string dataset = "name = 'tokens'\npath = '" + dir + "/tokens.bin'\nseq_len = 16\nvocab_size = 50\n";
+  const auto ok = trainer("run " + recipe(dir, dataset, 50));
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_EQ(read_metrics(dir + "/run/metrics.jsonl")[0].at("target_tokens"), 2 * 16);  // every token after the first
+  const auto small_vocab = trainer("run " + recipe(dir, "name = 'tokens'\npath = '" + dir +
+                                                            "/tokens.bin'\nseq_len = 16\nvocab_size = 10\n", 50));
+  EXPECT_EQ(small_vocab.exit_code, 2) << small_vocab.output;
+  EXPECT_NE(small_vocab.output.find("is not below vocab_size 10"), std::string::npos) << small_vocab.output;
+  std::ofstream(dir + "/tokens.bin", std::ios::binary | std::ios::app).write("x", 1);
+  const auto truncated = trainer("run " + recipe(dir, dataset, 50));
+  EXPECT_EQ(truncated.exit_code, 2) << truncated.output;
+  EXPECT_NE(truncated.output.find("tokens.bin: 401 bytes is not a whole number of uint16 tokens"), std::string::npos)
+      << truncated.output;
+}
+
+}  // namespace
+}  // namespace trainer
