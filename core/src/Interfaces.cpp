@@ -1,6 +1,7 @@
 // Key functions of the SDK's interfaces: defining them here makes
 // libtrainer_core.so the one home of their vtables and typeinfo.
 #include "trainer/Comm.h"
+#include "trainer/Errors.h"
 #include "trainer/Dataset.h"
 #include "trainer/Logger.h"
 #include "trainer/Model.h"
@@ -9,6 +10,9 @@
 namespace trainer {
 
 Model::~Model() = default;
+torch::Tensor Model::logits(const torch::Tensor&) {
+  throw InputError("this model plugin does not provide logits()");
+}
 UnitHooks::~UnitHooks() = default;
 Dataset::~Dataset() = default;
 Logger::~Logger() = default;

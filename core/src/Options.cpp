@@ -55,6 +55,8 @@ const std::string& Options::text(const std::string& key) const {
   fail(key, fmt::format("a string, got {}", type_name(entry.value)));
 }
 
+bool Options::is_set(const std::string& key) const { return find(key).origin != "default"; }
+
 void Options::fail(const std::string& key, const std::string& expected) const {
   std::string origin = file_;
   for (const Entry& entry : entries_) {

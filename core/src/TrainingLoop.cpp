@@ -17,9 +17,11 @@
 #include "Rendezvous.h"
 #include "Sampler.h"
 #include "trainer/Dataset.h"
+#include "trainer/FlatParameters.h"
 #include "trainer/Errors.h"
 #include "trainer/Log.h"
 #include "trainer/Logger.h"
+#include "trainer/Safetensors.h"
 #include "trainer/Strategy.h"
 
 namespace trainer {
@@ -197,6 +199,46 @@ void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const f
                                           steps, applied_updates, comm.world_size(), hashes));
 }
 
+// The final parameters, consolidated: every rank contributes the elements
+// of the flat layout it owns by the canonical rule (rank r: the r-th chunk
+// of ceil(n / world) elements of each group), which every strategy's slices
+// cover, and one all-reduce assembles them. Rank 0 writes model.safetensors
+// (fp32, Hugging Face names) and the model's config.json.
+void write_final_weights(Model& model, Strategy& strategy, Comm& comm, torch::Device device, const fs::path& dir,
+                         bool writer) {
+  const std::vector<NamedParameter> params = model.parameters();
+  int64_t numel[2] = {0, 0};  // decay, no decay: flatten_parameters' order
+  for (const NamedParameter& p : params) numel[p.decay ? 0 : 1] += p.tensor.numel();
+  std::vector<int> group_of_kind;  // kind (0 decay, 1 no decay) -> group index, -1 when empty
+  std::vector<torch::Tensor> full;
+  for (int kind = 0; kind < 2; ++kind) {
+    group_of_kind.push_back(numel[kind] > 0 ? static_cast<int>(full.size()) : -1);
+    if (numel[kind] > 0) full.push_back(torch::zeros({numel[kind]}, torch::TensorOptions().device(device)));
+  }
+  torch::NoGradGuard no_grad;
+  for (const FlatSlice& slice : strategy.parameter_slices()) {
+    const int64_t n = full.at(slice.group).numel();
+    const int64_t chunk = (n + comm.world_size() - 1) / comm.world_size();
+    const int64_t begin = std::max(slice.offset, comm.rank() * chunk);
+    const int64_t end = std::min({slice.offset + slice.values.numel(), (comm.rank() + 1) * chunk, n});
+    if (end > begin) {
+      full[slice.group].narrow(0, begin, end - begin).copy_(slice.values.narrow(0, begin - slice.offset, end - begin));
+    }
+  }
+  for (torch::Tensor& group : full) comm.all_reduce_sum(group);
+  if (!writer) return;
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  int64_t offset[2] = {0, 0};
+  for (const NamedParameter& p : params) {
+    const int kind = p.decay ? 0 : 1;
+    named.emplace_back(p.name, full[group_of_kind[kind]].narrow(0, offset[kind], p.tensor.numel()).view(p.tensor.sizes()));
+    offset[kind] += p.tensor.numel();
+  }
+  write_safetensors((dir / "model.safetensors").string(), named);
+  const std::string config = model.hf_config();
+  if (!config.empty()) write_file_atomically(dir / "config.json", config);
+}
+
 }  // namespace
 
 std::string output_dir_of(const Recipe& recipe) {
@@ -337,6 +379,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   }
   write_memory_report(*strategy, *comm, device, fs::path(context.output_dir) / "memory.json", writer);
   write_summary(*strategy, *comm, device, fs::path(context.output_dir) / "summary.json", writer, steps, applied_updates);
+  write_final_weights(*model, *strategy, *comm, device, context.output_dir, writer);
 }
 
 }  // namespace trainer

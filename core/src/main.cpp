@@ -12,6 +12,7 @@
 #include "Launcher.h"
 #include "PluginRegistry.h"
 #include "Recipe.h"
+#include "Tools.h"
 #include "TrainingLoop.h"
 #include "trainer/Errors.h"
 #include "trainer/Log.h"
@@ -132,6 +133,18 @@ int main(int argc, char** argv) {
   compare->add_option("--rtol", compare_rtol, "largest relative deviation that counts as agreement");
   compare->add_flag("-q,--quiet", compare_quiet, "print only the summary line");
 
+  std::string export_from, export_to;
+  CLI::App* export_cmd = app.add_subcommand("export", "write a run's final weights as a Hugging Face directory");
+  export_cmd->add_option("run", export_from, "run directory")->required();
+  export_cmd->add_option("--to", export_to, "output directory (config.json + model.safetensors)")->required();
+
+  std::string tokens_file, logits_file;
+  CLI::App* forward = app.add_subcommand("forward", "write the recipe's model's logits for given token ids");
+  forward->add_option("recipe", recipe_file, "recipe file (TOML)")->required();
+  forward->add_option("--set", overrides, "override a recipe key (repeatable)");
+  forward->add_option("--tokens", tokens_file, "token ids, one sequence per line")->required();
+  forward->add_option("--out", logits_file, "raw float32 logits [sequences, length, vocab]")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -142,6 +155,10 @@ int main(int argc, char** argv) {
   if (nproc > 0) overrides.push_back(fmt::format("distributed.nproc={}", nproc));
   try {
     if (compare->parsed()) return compare_runs(compare_dirs, compare_rtol, compare_quiet);
+    if (export_cmd->parsed()) {
+      export_run(export_from, export_to);
+      return 0;
+    }
     PluginRegistry registry = discover(common);
     if (plugins->parsed()) return list_plugins(registry, plugin_name);
     if (check_plugin_cmd->parsed()) {
@@ -160,6 +177,10 @@ int main(int argc, char** argv) {
       return check_plugin(registry, check, "/proc/self/exe");
     }
     const Recipe recipe = load_recipe(recipe_file, overrides, registry);
+    if (forward->parsed()) {
+      write_logits(recipe, tokens_file, logits_file);
+      return 0;
+    }
     if (validate->parsed()) {
       batch_shape(recipe, 1);
       std::cout << recipe.resolved_toml();

@@ -6,7 +6,16 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/ranges.h>
+
+#include "trainer/Errors.h"
+#include "trainer/Json.h"
 #include "trainer/Model.h"
+#include "trainer/Safetensors.h"
 #include "trainer/TorchCompat.h"
 
 namespace {
@@ -18,6 +27,7 @@ struct Config {
   int64_t vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads;
   double rope_theta, rms_norm_eps, initializer_range;
   bool tie_word_embeddings;
+  int64_t max_positions;
   int64_t head_dim() const { return hidden_size / num_heads; }
 };
 
@@ -65,6 +75,10 @@ class Qwen2Model final : public Model {
     }
     final_norm_ = ones("model.norm.weight", {c.hidden_size});
     lm_head_ = c.tie_word_embeddings ? embed_ : weight("lm_head.weight", {c.vocab_size, c.hidden_size}, generator);
+    // With tied embeddings a checkpoint's lm_head.weight, if present, is the
+    // embedding again and is not read.
+    if (!options.text("hf_dir").empty()) load_weights(options.text("hf_dir"), weight_files(options));
+    if (!options.text("init_from").empty()) load_weights("model.init_from", {options.text("init_from")});
   }
 
   std::vector<NamedParameter> parameters() override { return parameters_; }
@@ -93,13 +107,22 @@ class Qwen2Model final : public Model {
   int64_t vocab_size() const override { return config_.vocab_size; }
 
   LossSum forward(const Batch& batch) override {
+    const int64_t b = batch.input_ids.size(0), t = batch.input_ids.size(1);
+    Tensor scores = logits(batch.input_ids).view({b * t, config_.vocab_size});
+    if (scores.scalar_type() != torch::kFloat64) scores = scores.to(torch::kFloat32);  // the loss is summed in fp32
+    const Tensor loss_sum = at::cross_entropy_loss(scores, batch.labels.view({b * t}), /*weight=*/{},
+                                                   at::Reduction::Sum, kIgnoreIndex);
+    return LossSum{loss_sum, batch.target_tokens};
+  }
+
+  Tensor logits(const Tensor& input_ids) override {
     const Config& c = config_;
-    const int64_t b = batch.input_ids.size(0), t = batch.input_ids.size(1), d = c.head_dim();
+    const int64_t b = input_ids.size(0), t = input_ids.size(1), d = c.head_dim();
     // Units: the embedding, each block, the head. Tied embeddings put the
     // head into the embedding's unit, which then stays entered until the end.
     const bool tied = c.tie_word_embeddings;
     enter_unit(0);
-    Tensor x = torch::embedding(embed_, batch.input_ids);
+    Tensor x = torch::embedding(embed_, input_ids);
     if (!tied) x = leave_unit(0, x);
     const auto [cos, sin] = rotary_tables(t, x);
     for (size_t i = 0; i < layers_.size(); ++i) {
@@ -126,11 +149,19 @@ class Qwen2Model final : public Model {
     const size_t head = tied ? 0 : layers_.size() + 1;
     if (!tied) enter_unit(head);
     x = rms_norm(x, final_norm_, c.rms_norm_eps);
-    Tensor logits = leave_unit(head, torch::linear(x, lm_head_)).view({b * t, c.vocab_size});
-    if (logits.scalar_type() != torch::kFloat64) logits = logits.to(torch::kFloat32);  // the loss is summed in fp32
-    const Tensor loss_sum = at::cross_entropy_loss(logits, batch.labels.view({b * t}), /*weight=*/{},
-                                                   at::Reduction::Sum, kIgnoreIndex);
-    return LossSum{loss_sum, batch.target_tokens};
+    return leave_unit(head, torch::linear(x, lm_head_));
+  }
+
+  std::string hf_config() const override {
+    const Config& c = config_;
+    return fmt::format(
+        "{{\n  \"architectures\": [\"Qwen2ForCausalLM\"],\n  \"model_type\": \"qwen2\",\n  \"hidden_act\": \"silu\",\n"
+        "  \"vocab_size\": {},\n  \"hidden_size\": {},\n  \"intermediate_size\": {},\n  \"num_hidden_layers\": {},\n"
+        "  \"num_attention_heads\": {},\n  \"num_key_value_heads\": {},\n  \"rope_theta\": {},\n  \"rms_norm_eps\": {},\n"
+        "  \"initializer_range\": {},\n  \"tie_word_embeddings\": {},\n  \"max_position_embeddings\": {},\n"
+        "  \"use_sliding_window\": false,\n  \"attention_dropout\": 0.0,\n  \"torch_dtype\": \"float32\"\n}}\n",
+        c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, c.rope_theta,
+        c.rms_norm_eps, c.initializer_range, c.tie_word_embeddings ? "true" : "false", c.max_positions);
   }
 
  private:
@@ -138,7 +169,8 @@ class Qwen2Model final : public Model {
     Config c{o.integer("vocab_size"), o.integer("hidden_size"), o.integer("intermediate_size"),
              o.integer("num_hidden_layers"), o.integer("num_attention_heads"), o.integer("num_key_value_heads"),
              o.real("rope_theta"), o.real("rms_norm_eps"), o.real("initializer_range"),
-             o.boolean("tie_word_embeddings")};
+             o.boolean("tie_word_embeddings"), o.integer("max_position_embeddings")};
+    if (!o.text("hf_dir").empty()) read_hf_config(o, c);
     if (c.hidden_size % c.num_heads != 0) {
       o.fail("num_attention_heads", fmt::format("a divisor of hidden_size = {}, got {}", c.hidden_size, c.num_heads));
     }
@@ -150,6 +182,100 @@ class Qwen2Model final : public Model {
                                                 c.num_kv_heads));
     }
     return c;
+  }
+
+  // config.json of a Hugging Face Qwen2 checkpoint. Keys the recipe also
+  // sets must agree with it: one source of truth per run.
+  static void read_hf_config(const Options& o, Config& c) {
+    const std::string file = (std::filesystem::path(o.text("hf_dir")) / "config.json").string();
+    std::ifstream in(file);
+    if (!in) o.fail("hf_dir", fmt::format("a directory with config.json; cannot read {}", file));
+    std::stringstream text;
+    text << in.rdbuf();
+    Json json;
+    try {
+      json = Json::parse(text.str());
+    } catch (const std::exception& error) {
+      throw InputError(fmt::format("{}: malformed JSON at {}", file, error.what()));
+    }
+    auto number = [&](const char* key, auto& field, const char* recipe_key) {
+      const Json* v = json.find(key);
+      if (!v || !v->is_number()) throw InputError(fmt::format("{}: missing number '{}'", file, key));
+      using T = std::decay_t<decltype(field)>;
+      const T value = std::is_integral_v<T> ? static_cast<T>(v->as_int()) : static_cast<T>(v->as_double());
+      if (o.is_set(recipe_key) && value != field) {
+        o.fail(recipe_key, fmt::format("{} as in {} (or leave the key out)", value, file));
+      }
+      field = value;
+    };
+    number("vocab_size", c.vocab_size, "vocab_size");
+    number("hidden_size", c.hidden_size, "hidden_size");
+    number("intermediate_size", c.intermediate_size, "intermediate_size");
+    number("num_hidden_layers", c.num_layers, "num_hidden_layers");
+    number("num_attention_heads", c.num_heads, "num_attention_heads");
+    if (json.find("num_key_value_heads")) number("num_key_value_heads", c.num_kv_heads, "num_key_value_heads");
+    else c.num_kv_heads = c.num_heads;
+    if (json.find("rope_theta")) number("rope_theta", c.rope_theta, "rope_theta");
+    if (json.find("rms_norm_eps")) number("rms_norm_eps", c.rms_norm_eps, "rms_norm_eps");
+    if (json.find("max_position_embeddings")) number("max_position_embeddings", c.max_positions, "max_position_embeddings");
+    if (const Json* tie = json.find("tie_word_embeddings"); tie && tie->is_bool()) c.tie_word_embeddings = tie->as_bool();
+    if (const Json* act = json.find("hidden_act"); act && act->is_string() && act->as_string() != "silu") {
+      throw InputError(fmt::format("{}: hidden_act '{}' is not supported (qwen2 implements silu)", file, act->as_string()));
+    }
+    if (const Json* scaling = json.find("rope_scaling"); scaling && !scaling->is_null()) {
+      throw InputError(fmt::format("{}: rope_scaling is not supported; expected null", file));
+    }
+    if (const Json* window = json.find("use_sliding_window"); window && window->is_bool() && window->as_bool()) {
+      throw InputError(fmt::format("{}: use_sliding_window = true is not supported", file));
+    }
+  }
+
+  // Weights by Hugging Face name from one safetensors file or the shards an
+  // index names. Every parameter must be found with its exact shape.
+  void load_weights(const std::string& where, const std::vector<std::string>& files) {
+    std::vector<std::unique_ptr<SafetensorsReader>> readers;
+    for (const std::string& f : files) readers.push_back(std::make_unique<SafetensorsReader>(f));
+    torch::NoGradGuard no_grad;
+    for (NamedParameter& p : parameters_) {
+      const SafetensorsReader* reader = nullptr;
+      for (const auto& r : readers) {
+        if (r->contains(p.name)) reader = r.get();
+      }
+      if (!reader) throw InputError(fmt::format("{}: no tensor '{}' in {}", where, p.name, fmt::join(files, ", ")));
+      const Tensor value = reader->read(p.name);
+      if (value.sizes() != p.tensor.sizes()) {
+        throw InputError(fmt::format("{}: tensor '{}' has shape [{}], the model expects [{}]", reader->path(), p.name,
+                                     fmt::join(value.sizes(), ", "), fmt::join(p.tensor.sizes(), ", ")));
+      }
+      if (!value.is_floating_point()) {
+        throw InputError(fmt::format("{}: tensor '{}' has dtype {}, expected a floating-point dtype", reader->path(),
+                                     p.name, c10::toString(value.scalar_type())));
+      }
+      p.tensor.copy_(value);
+    }
+  }
+
+  static std::vector<std::string> weight_files(const Options& o) {
+    const std::filesystem::path dir = o.text("hf_dir");
+    if (std::filesystem::exists(dir / "model.safetensors")) return {(dir / "model.safetensors").string()};
+    const std::string index_file = (dir / "model.safetensors.index.json").string();
+    std::ifstream in(index_file);
+    if (!in) o.fail("hf_dir", fmt::format("a directory with model.safetensors or model.safetensors.index.json: {}", dir.string()));
+    std::stringstream text;
+    text << in.rdbuf();
+    std::vector<std::string> files;
+    try {
+      const Json index = Json::parse(text.str());
+      const Json* map = index.find("weight_map");
+      if (!map || !map->is_object()) throw std::runtime_error("no weight_map object");
+      for (const auto& [name, file] : map->members()) {
+        const std::string path = (dir / file.as_string()).string();
+        if (std::find(files.begin(), files.end(), path) == files.end()) files.push_back(path);
+      }
+    } catch (const std::exception& error) {
+      throw InputError(fmt::format("{}: malformed index: {}", index_file, error.what()));
+    }
+    return files;
   }
 
   // cos and sin of Hugging Face's rotary embedding, [1, 1, t, head_dim], in x's dtype.
@@ -194,6 +320,9 @@ constexpr KeySpec kKeys[] = {
     {"rms_norm_eps", ValueType::Float, "1e-6", "RMSNorm epsilon", 0, 1},
     {"initializer_range", ValueType::Float, "0.02", "std of the normal init of matrices", 0, 10},
     {"tie_word_embeddings", ValueType::Bool, "false", "lm_head shares the embedding matrix"},
+    {"max_position_embeddings", ValueType::Int, "32768", "longest sequence (recorded in exported config.json)", 1, 1 << 30},
+    {"hf_dir", ValueType::String, "''", "a Hugging Face Qwen2 directory: config.json sets the sizes, safetensors the weights"},
+    {"init_from", ValueType::String, "''", "a .safetensors file with weights to start from (Hugging Face names)"},
 };
 
 Component* create(const Options& options, const Context& context) { return new Qwen2Model(options, context); }

@@ -71,6 +71,13 @@ class Model : public Component {
   /// leave_unit. Default: none declared (parameter sharding unsupported).
   virtual std::vector<ParameterUnit> units() { return {}; }
 
+  /// Logits [batch, seq, vocab] for `input_ids` (no loss), for checking a
+  /// model against another implementation. Default: unsupported.
+  virtual torch::Tensor logits(const torch::Tensor& input_ids);
+  /// The model's Hugging Face config.json, for exporting weights; "" when
+  /// the model has no Hugging Face equivalent.
+  virtual std::string hf_config() const { return ""; }
+
   /// Installs (or, with nullptr, removes) the hooks; not owned.
   void set_unit_hooks(UnitHooks* hooks) { unit_hooks_ = hooks; }
 

@@ -51,6 +51,8 @@ class Options {
   int64_t integer(const std::string& key) const;
   double real(const std::string& key) const;
   const std::string& text(const std::string& key) const;
+  /// True when the recipe or a --set gave the key (it is not the default).
+  bool is_set(const std::string& key) const;
 
   /// Throws InputError naming the file, origin, section and key: for checks a
   /// plugin makes beyond type and range (e.g. "must divide hidden_size").

@@ -1,0 +1,156 @@
+// safetensors reader (mmap) and atomic writer.
+#include "trainer/Safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "trainer/Errors.h"
+#include "trainer/Json.h"
+
+namespace trainer {
+
+namespace {
+
+struct DtypeName {
+  const char* name;
+  torch::Dtype dtype;
+};
+constexpr DtypeName kDtypes[] = {{"F32", torch::kFloat32}, {"F16", torch::kFloat16}, {"BF16", torch::kBFloat16},
+                                 {"F64", torch::kFloat64}, {"I64", torch::kInt64},   {"I32", torch::kInt32}};
+
+}  // namespace
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  const int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw InputError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  struct stat info {};
+  fstat(fd, &info);
+  bytes_ = static_cast<size_t>(info.st_size);
+  if (bytes_ < 8) {
+    close(fd);
+    throw InputError(fmt::format("{}: truncated safetensors file ({} bytes, the header length alone is 8)", path, bytes_));
+  }
+  data_ = mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (data_ == MAP_FAILED) throw InputError(fmt::format("{}: cannot map: {}", path, std::strerror(errno)));
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, data_, 8);
+  if (header_bytes > bytes_ - 8) {
+    throw InputError(fmt::format("{}: truncated safetensors file: header of {} bytes, file of {}", path, header_bytes, bytes_));
+  }
+  data_start_ = 8 + header_bytes;
+  Json header;
+  try {
+    header = Json::parse(std::string_view(static_cast<const char*>(data_) + 8, header_bytes));
+  } catch (const std::exception& error) {
+    throw InputError(fmt::format("{}: malformed safetensors header: {}", path, error.what()));
+  }
+  if (!header.is_object()) throw InputError(fmt::format("{}: malformed safetensors header: not an object", path));
+  for (const auto& [name, info_json] : header.members()) {
+    if (name == "__metadata__") continue;
+    Entry e;
+    e.name = name;
+    const Json* dtype = info_json.find("dtype");
+    const Json* shape = info_json.find("shape");
+    const Json* offsets = info_json.find("data_offsets");
+    if (!dtype || !shape || !offsets || !dtype->is_string() || !shape->is_array() || !offsets->is_array() ||
+        offsets->items().size() != 2) {
+      throw InputError(fmt::format("{}: tensor '{}': header entry lacks dtype, shape or data_offsets", path, name));
+    }
+    bool known = false;
+    for (const DtypeName& d : kDtypes) {
+      if (dtype->as_string() == d.name) {
+        e.dtype = d.dtype;
+        known = true;
+      }
+    }
+    if (!known) throw InputError(fmt::format("{}: tensor '{}': unsupported dtype {}", path, name, dtype->as_string()));
+    int64_t numel = 1;
+    for (const Json& d : shape->items()) {
+      e.shape.push_back(d.as_int());
+      numel *= d.as_int();
+    }
+    e.begin = static_cast<size_t>(offsets->items()[0].as_int());
+    e.end = static_cast<size_t>(offsets->items()[1].as_int());
+    const size_t expected = static_cast<size_t>(numel) * c10::elementSize(e.dtype);
+    if (e.end < e.begin || e.end - e.begin != expected) {
+      throw InputError(fmt::format("{}: tensor '{}': byte range [{}, {}) does not hold {} values of {}", path, name,
+                                   e.begin, e.end, numel, dtype->as_string()));
+    }
+    if (data_start_ + e.end > bytes_) {
+      throw InputError(fmt::format("{}: truncated safetensors file: tensor '{}' ends at byte {}, the file at {}", path,
+                                   name, data_start_ + e.end, bytes_));
+    }
+    entries_.push_back(std::move(e));
+  }
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (data_ && data_ != MAP_FAILED) munmap(data_, bytes_);
+}
+
+const SafetensorsReader::Entry* SafetensorsReader::find(const std::string& name) const {
+  for (const Entry& e : entries_) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+bool SafetensorsReader::contains(const std::string& name) const { return find(name) != nullptr; }
+
+std::vector<std::string> SafetensorsReader::names() const {
+  std::vector<std::string> out;
+  for (const Entry& e : entries_) out.push_back(e.name);
+  return out;
+}
+
+torch::Tensor SafetensorsReader::read(const std::string& name) const {
+  const Entry* e = find(name);
+  if (!e) throw InputError(fmt::format("{}: no tensor '{}'", path_, name));
+  void* start = static_cast<char*>(data_) + data_start_ + e->begin;
+  return torch::from_blob(start, e->shape, torch::TensorOptions().dtype(e->dtype)).clone();
+}
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+  std::vector<torch::Tensor> host;
+  std::string header = "{\"__metadata__\":{\"format\":\"pt\"}";
+  size_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    host.push_back(tensor.detach().to(torch::kCPU).contiguous());
+    const char* dtype = nullptr;
+    for (const DtypeName& d : kDtypes) {
+      if (d.dtype == host.back().scalar_type()) dtype = d.name;
+    }
+    if (!dtype) throw std::invalid_argument(fmt::format("write_safetensors: '{}' has an unsupported dtype", name));
+    const size_t bytes = static_cast<size_t>(host.back().numel()) * host.back().element_size();
+    header += fmt::format(",\"{}\":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", json_escape(name),
+                          dtype, fmt::join(host.back().sizes(), ","), offset, offset + bytes);
+    offset += bytes;
+  }
+  header += "}";
+  while ((8 + header.size()) % 8 != 0) header += ' ';  // data starts 8-byte aligned
+  const std::string temporary = path + ".tmp";
+  FILE* out = std::fopen(temporary.c_str(), "wb");
+  if (!out) throw InputError(fmt::format("{}: cannot write: {}", temporary, std::strerror(errno)));
+  const uint64_t header_bytes = header.size();
+  bool ok = std::fwrite(&header_bytes, 8, 1, out) == 1 && std::fwrite(header.data(), 1, header.size(), out) == header.size();
+  for (const torch::Tensor& t : host) {
+    const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+    ok = ok && std::fwrite(t.data_ptr(), 1, bytes, out) == bytes;
+  }
+  ok = std::fflush(out) == 0 && ok;
+  ok = fsync(fileno(out)) == 0 && ok;
+  std::fclose(out);
+  if (!ok) throw TrainingError(fmt::format("{}: write failed: {}", temporary, std::strerror(errno)));
+  std::filesystem::rename(temporary, path);
+}
+
+}  // namespace trainer

@@ -1,0 +1,106 @@
+// Weights in and out: a run's consolidated model.safetensors (the same from
+// every strategy and world size), export, loading it back as a Hugging Face
+// directory, and bad weight files named by file and tensor.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "TestSupport.h"
+#include "trainer/Safetensors.h"
+
+namespace trainer {
+namespace {
+
+using testing::read_file;
+using testing::scratch_dir;
+using testing::source_path;
+using testing::trainer;
+using testing::write_file;
+
+const std::string kQuickstart = source_path("configs/quickstart.toml");
+
+std::string run(const std::string& name, const std::string& overrides) {
+  const std::string dir = scratch_dir(name);
+  const auto result = trainer("run " + kQuickstart + " --set run.output_dir=" + dir + " --set training.steps=5 " + overrides);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  return dir;
+}
+
+TEST(Weights, ConsolidatedWeightsAgreeAcrossStrategiesAndWorldSizes) {
+  const std::string ddp = run("WeightsDdp", "");
+  const std::string zero3 = run("WeightsZero3", "--set strategy.name=zero3 --set training.micro_batch_size=4 --nproc 2");
+  const SafetensorsReader a(ddp + "/model.safetensors"), b(zero3 + "/model.safetensors");
+  ASSERT_EQ(a.names(), b.names());
+  ASSERT_EQ(a.names().size(), 1 + 2 * 12 + 2u);  // embedding, 2 blocks of 12, final norm, lm_head
+  double diff = 0, norm = 0;
+  for (const std::string& name : a.names()) {
+    const torch::Tensor x = a.read(name), y = b.read(name);
+    diff += (x - y).square().sum().item<double>();
+    norm += x.square().sum().item<double>();
+  }
+  // Five fp32 steps with sums in another order: rounding only (Adam turns
+  // the rounding noise of near-zero gradients, e.g. of the key bias, into
+  // updates of size lr, so this is norm-wise over all weights).
+  EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm));
+}
+
+TEST(Weights, ExportLoadsBackAsAHuggingFaceDirectory) {
+  const std::string trained = run("WeightsTrained", "");
+  const std::string hf = scratch_dir("WeightsHf");
+  ASSERT_EQ(trainer("export " + trained + " --to " + hf).exit_code, 0);
+  EXPECT_NE(read_file(hf + "/config.json").find("\"model_type\": \"qwen2\""), std::string::npos);
+  const std::string tokens = write_file(hf + "/tokens.txt", "1 5 9 13 17 21\n2 4 6 8 10 12\n");
+  const auto from_hf = trainer("forward " + kQuickstart + " --set model.hf_dir=" + hf + " --tokens " + tokens +
+                               " --out " + hf + "/a.bin");
+  ASSERT_EQ(from_hf.exit_code, 0) << from_hf.output;
+  EXPECT_NE(from_hf.output.find("{\"shape\": [2, 6, 64]}"), std::string::npos) << from_hf.output;
+  const auto from_file = trainer("forward " + kQuickstart + " --set model.init_from=" + trained +
+                                 "/model.safetensors --tokens " + tokens + " --out " + hf + "/b.bin");
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.output;
+  const auto fresh = trainer("forward " + kQuickstart + " --tokens " + tokens + " --out " + hf + "/c.bin");
+  EXPECT_EQ(read_file(hf + "/a.bin"), read_file(hf + "/b.bin"));
+  EXPECT_NE(read_file(hf + "/a.bin"), read_file(hf + "/c.bin"));  // the trained weights were used
+}
+
+TEST(Weights, BadWeightFilesAreNamed) {
+  const std::string trained = run("WeightsBadSource", "");
+  const std::string hf = scratch_dir("WeightsBad");
+  ASSERT_EQ(trainer("export " + trained + " --to " + hf).exit_code, 0);
+  auto mismatch = trainer("run " + kQuickstart + " --set model.hf_dir=" + hf + " --set model.hidden_size=32");
+  EXPECT_EQ(mismatch.exit_code, 2) << mismatch.output;
+  EXPECT_NE(mismatch.output.find("[model] hidden_size: expected 64 as in " + hf + "/config.json"), std::string::npos)
+      << mismatch.output;
+  // A truncated file.
+  const std::string weights = read_file(hf + "/model.safetensors");
+  write_file(hf + "/model.safetensors", weights.substr(0, weights.size() - 100));
+  auto truncated = trainer("run " + kQuickstart + " --set model.hf_dir=" + hf + " --set training.steps=1");
+  EXPECT_EQ(truncated.exit_code, 2) << truncated.output;
+  EXPECT_NE(truncated.output.find(hf + "/model.safetensors: truncated safetensors file: tensor"), std::string::npos)
+      << truncated.output;
+  // A missing tensor, and one of another shape, in an init_from file.
+  write_file(hf + "/model.safetensors", weights);
+  const SafetensorsReader good(hf + "/model.safetensors");
+  std::vector<std::pair<std::string, torch::Tensor>> partial, reshaped;
+  for (const std::string& name : good.names()) {
+    if (name != "model.norm.weight") partial.emplace_back(name, good.read(name));
+    reshaped.emplace_back(name, name == "model.norm.weight" ? torch::ones({7}) : good.read(name));
+  }
+  write_safetensors(hf + "/partial.safetensors", partial);
+  write_safetensors(hf + "/reshaped.safetensors", reshaped);
+  auto missing = trainer("run " + kQuickstart + " --set model.init_from=" + hf + "/partial.safetensors");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("model.init_from: no tensor 'model.norm.weight' in " + hf + "/partial.safetensors"),
+            std::string::npos)
+      << missing.output;
+  auto wrong = trainer("run " + kQuickstart + " --set model.init_from=" + hf + "/reshaped.safetensors");
+  EXPECT_EQ(wrong.exit_code, 2) << wrong.output;
+  EXPECT_NE(wrong.output.find("reshaped.safetensors: tensor 'model.norm.weight' has shape [7], the model expects [64]"),
+            std::string::npos)
+      << wrong.output;
+  EXPECT_EQ(trainer("export " + scratch_dir("WeightsEmpty") + " --to " + hf + "/x").exit_code, 2);
+}
+
+}  // namespace
+}  // namespace trainer
