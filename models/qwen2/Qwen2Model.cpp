@@ -222,8 +222,23 @@ class Qwen2Model final : public Model {
     if (const Json* act = json.find("hidden_act"); act && act->is_string() && act->as_string() != "silu") {
       throw InputError(fmt::format("{}: hidden_act '{}' is not supported (qwen2 implements silu)", file, act->as_string()));
     }
-    if (const Json* scaling = json.find("rope_scaling"); scaling && !scaling->is_null()) {
-      throw InputError(fmt::format("{}: rope_scaling is not supported; expected null", file));
+    // transformers 5 keeps the rope settings in rope_parameters (older
+    // versions: rope_theta at the top and rope_scaling null).
+    for (const char* key : {"rope_parameters", "rope_scaling"}) {
+      const Json* rope = json.find(key);
+      if (!rope || rope->is_null()) continue;
+      const Json* type = rope->find("rope_type");
+      if (!type) type = rope->find("type");
+      if (type && (!type->is_string() || type->as_string() != "default")) {
+        throw InputError(fmt::format("{}: {} of type '{}' is not supported; expected 'default'", file, key,
+                                     type->is_string() ? type->as_string() : "?"));
+      }
+      if (const Json* theta = rope->find("rope_theta"); theta && theta->is_number()) {
+        if (o.is_set("rope_theta") && theta->as_double() != c.rope_theta) {
+          o.fail("rope_theta", fmt::format("{} as in {} (or leave the key out)", theta->as_double(), file));
+        }
+        c.rope_theta = theta->as_double();
+      }
     }
     if (const Json* window = json.find("use_sliding_window"); window && window->is_bool() && window->as_bool()) {
       throw InputError(fmt::format("{}: use_sliding_window = true is not supported", file));
