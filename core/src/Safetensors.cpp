@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "trainer/Errors.h"
 #include "trainer/Json.h"
