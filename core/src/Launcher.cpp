@@ -42,6 +42,7 @@ int env_int(const char* name, int fallback) {
 }
 
 std::atomic<int> g_forward_signal{0};
+bool g_forwarded = false;
 void remember_signal(int signal) { g_forward_signal.store(signal); }
 
 std::string how_it_ended(int status) {
@@ -145,6 +146,7 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
     }
   };
   Clock::time_point stop_sent{};
+  auto grace = std::chrono::duration<double>(5.0);  // SIGTERM to SIGKILL after a failure
   while (running > 0) {
     int status = 0;
     const pid_t pid = waitpid(-1, &status, WNOHANG);
@@ -155,6 +157,9 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
       pids[rank] = -1;
       --running;
       if (first_exit == Clock::time_point{}) first_exit = Clock::now();
+      // Workers stopped by a forwarded signal exit with their own code (75:
+      // checkpoint written); the job reports it.
+      if (stopping && g_forwarded && WIFEXITED(status) && WEXITSTATUS(status) != 0) exit_code = WEXITSTATUS(status);
       if (failed(status) && !stopping) {
         log::error(fmt::format("rank {} {}; stopping the other {} worker(s)", rank, how_it_ended(status), running));
         exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
@@ -169,8 +174,10 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
       stop_all(signal);
       if (!stopping) {
         stopping = true;
+        g_forwarded = true;
         stop_sent = Clock::now();
         exit_code = 128 + signal;
+        grace = std::chrono::duration<double>(timeout_s);  // time to finish a step and write a checkpoint
       }
     }
     const auto now = Clock::now();
@@ -183,7 +190,7 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
       stop_sent = now;
       stop_all(SIGTERM);
     }
-    if (stopping && now - stop_sent > std::chrono::seconds(5)) stop_all(SIGKILL);  // grace for SIGTERM
+    if (stopping && now - stop_sent > grace) stop_all(SIGKILL);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return exit_code;

@@ -57,6 +57,14 @@ constexpr KeySpec kDistributedKeys[] = {
     {"timeout_s", VT::Float, "300", "a collective or peer silent this long ends the job", 1, kInf},
 };
 
+constexpr KeySpec kCheckpointKeys[] = {
+    {"interval", VT::Int, "0", "write a checkpoint every this many optimizer steps; 0: only when stopped by a signal",
+     0, 1e12},
+    {"keep", VT::Int, "2", "newest checkpoints kept", 1, 1e6},
+    {"resume", VT::String, "''", "'' (start fresh), 'auto' (the newest valid checkpoint, if any) or a checkpoint path"},
+    {"dir", VT::String, "''", "where checkpoints go; '' means <output_dir>/checkpoints"},
+};
+
 template <size_t N>
 SectionSpec section(const char* name, const KeySpec (&keys)[N]) {
   return SectionSpec{name, keys, N};
@@ -305,7 +313,8 @@ Options plugin_options(const LoadedPlugin& plugin, const std::string& table_text
 
 std::vector<SectionSpec> core_sections() {
   return {section("run", kRunKeys), section("training", kTrainingKeys), section("optimizer", kOptimizerKeys),
-          section("lr_schedule", kScheduleKeys), section("distributed", kDistributedKeys)};
+          section("lr_schedule", kScheduleKeys), section("distributed", kDistributedKeys),
+          section("checkpoint", kCheckpointKeys)};
 }
 
 std::string closest_key(const std::string& key, const std::vector<std::string>& candidates) {
@@ -347,7 +356,8 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
 
   Recipe recipe;
   recipe.file = file;
-  Options* core[] = {&recipe.run, &recipe.training, &recipe.optimizer, &recipe.lr_schedule, &recipe.distributed};
+  Options* core[] = {&recipe.run,         &recipe.training,    &recipe.optimizer,
+                     &recipe.lr_schedule, &recipe.distributed, &recipe.checkpoint};
   const std::vector<SectionSpec> sections = core_sections();
   for (size_t i = 0; i < sections.size(); ++i) {
     const SectionSpec& s = sections[i];
@@ -381,9 +391,9 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
 
 std::string Recipe::resolved_toml() const {
   toml::table out;
-  const char* names[] = {"run", "training", "optimizer", "lr_schedule", "distributed"};
-  const Options* core[] = {&run, &training, &optimizer, &lr_schedule, &distributed};
-  for (size_t i = 0; i < 5; ++i) {
+  const char* names[] = {"run", "training", "optimizer", "lr_schedule", "distributed", "checkpoint"};
+  const Options* core[] = {&run, &training, &optimizer, &lr_schedule, &distributed, &checkpoint};
+  for (size_t i = 0; i < 6; ++i) {
     toml::table section;
     insert_options(section, *core[i]);
     out.insert(names[i], std::move(section));
@@ -397,6 +407,21 @@ std::string Recipe::resolved_toml() const {
   std::ostringstream text;
   text << "# Resolved recipe: every key with the value this run used.\n" << out << "\n";
   return text.str();
+}
+
+std::string Recipe::fingerprint(int64_t global_batch_size) const {
+  toml::table out;
+  out.insert("model", component_table(model));
+  out.insert("dataset", component_table(dataset));
+  toml::table optimizer_table;
+  insert_options(optimizer_table, optimizer);
+  out.insert("optimizer", std::move(optimizer_table));
+  out.insert("global_batch_size", global_batch_size);
+  std::ostringstream text;
+  text << out;
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const unsigned char c : text.str()) hash = (hash ^ c) * 0x100000001b3ULL;
+  return fmt::format("{:016x}", hash);
 }
 
 BatchShape batch_shape(const Recipe& recipe, int world_size) {

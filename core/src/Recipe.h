@@ -24,6 +24,7 @@ struct Recipe {
   Options optimizer;
   Options lr_schedule;
   Options distributed;
+  Options checkpoint;
   ComponentChoice model;
   ComponentChoice dataset;
   ComponentChoice strategy;
@@ -31,6 +32,10 @@ struct Recipe {
 
   /// The recipe with every default filled in, as TOML: what the run used.
   std::string resolved_toml() const;
+
+  /// A hash of what a checkpoint may not be resumed without: the model,
+  /// dataset and optimizer tables and the global batch size.
+  std::string fingerprint(int64_t global_batch_size) const;
 };
 
 /// Parses and validates. Overrides are "section.key=value" or

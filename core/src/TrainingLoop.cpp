@@ -3,6 +3,9 @@
 // micro-step with loss_sum / N_t, reduce, clip, update, log.
 #include "TrainingLoop.h"
 
+#include <signal.h>
+
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -13,6 +16,7 @@
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
 
+#include "Checkpoint.h"
 #include "LrSchedule.h"
 #include "Rendezvous.h"
 #include "Sampler.h"
@@ -29,6 +33,29 @@ namespace trainer {
 namespace fs = std::filesystem;
 
 namespace {
+
+std::atomic<int> g_stop_signal{0};
+void request_stop(int signal) { g_stop_signal.store(signal); }
+
+// SIGTERM and SIGINT ask the loop to finish the step in flight, write a
+// checkpoint and stop; the previous handlers come back afterwards.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction action {};
+    action.sa_handler = request_stop;
+    sigaction(SIGTERM, &action, &old_term_);
+    sigaction(SIGINT, &action, &old_int_);
+    g_stop_signal.store(0);
+  }
+  ~StopSignals() {
+    sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGINT, &old_int_, nullptr);
+  }
+
+ private:
+  struct sigaction old_term_ {}, old_int_ {};
+};
 
 struct MicroBatch {
   Batch batch;
@@ -306,6 +333,22 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   info.world_size = shape.world_size;
   info.strategy = recipe.strategy.plugin->descriptor->name;
   info.parameters = parameter_count;
+  const std::string checkpoint_root = recipe.checkpoint.text("dir").empty()
+                                          ? (fs::path(context.output_dir) / "checkpoints").string()
+                                          : recipe.checkpoint.text("dir");
+  Checkpointer checkpointer(checkpoint_root, recipe.checkpoint.integer("keep"), recipe.fingerprint(global_batch_size),
+                            info.strategy);
+  const int64_t interval = recipe.checkpoint.integer("interval");
+  TrainingPosition position;
+  const std::string resume = recipe.checkpoint.text("resume");
+  const std::string from = checkpointer.resolve(resume);
+  if (!from.empty()) {
+    position = checkpointer.load(from, *strategy, *model, *comm);
+  } else if (resume == "auto") {
+    log::info(fmt::format("no checkpoint under {}; starting at step 0", checkpoint_root));
+  }
+  info.first_step = position.step;
+  StopSignals stop_signals;
   loggers.start(info);
   log::info(fmt::format("training {} parameters for {} steps: global batch {} = micro-batch {} x {} accumulation "
                         "steps x {} ranks, strategy {}, output {}",
@@ -314,8 +357,8 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
 
   using Clock = std::chrono::steady_clock;
   const Clock::time_point run_start = Clock::now();
-  int64_t applied_updates = 0;  // Adam's step count: advances once per applied optimizer step
-  for (int64_t step = 0; step < steps; ++step) {
+  int64_t applied_updates = position.applied_updates;  // Adam's step count: once per applied optimizer step
+  for (int64_t step = position.step; step < steps; ++step) {
     const Clock::time_point step_start = Clock::now();
     // Prefetch the whole accumulation window so N_t is known before the
     // first backward (contract, point 2).
@@ -376,6 +419,20 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
     record.step_seconds = std::chrono::duration<double>(step_end - step_start).count();
     record.elapsed_seconds = std::chrono::duration<double>(step_end - run_start).count();
     loggers.log(record);
+
+    // Every rank stops at the same step: the signal may reach them apart.
+    torch::Tensor stop = torch::tensor({static_cast<int64_t>(g_stop_signal.load())}, torch::kInt64).to(device);
+    if (comm->world_size() > 1) comm->all_reduce_sum(stop);
+    const bool stopping = stop.item<int64_t>() != 0;
+    if ((interval > 0 && (step + 1) % interval == 0) || stopping) {
+      const std::string dir = checkpointer.save(*strategy, *model, *comm, TrainingPosition{step + 1, applied_updates});
+      log::info(fmt::format("checkpoint {} written", dir));
+    }
+    if (stopping) {
+      throw Preempted(fmt::format("stopped by a signal after step {}; the checkpoint resumes with "
+                                  "--set checkpoint.resume=auto",
+                                  step + 1));
+    }
   }
   write_memory_report(*strategy, *comm, device, fs::path(context.output_dir) / "memory.json", writer);
   write_summary(*strategy, *comm, device, fs::path(context.output_dir) / "summary.json", writer, steps, applied_updates);

@@ -200,6 +200,9 @@ int main(int argc, char** argv) {
     if (workers > 1) return launch_local_workers(argc, argv, workers, recipe.distributed.real("timeout_s"));
     train(recipe, registry, WorldInfo{});
     return 0;
+  } catch (const Preempted& stopped) {
+    log::warn(stopped.what());
+    return kExitPreempted;
   } catch (const InputError& error) {
     log::error(error.what());
     return kExitBadInput;

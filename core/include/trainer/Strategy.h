@@ -58,6 +58,15 @@ struct FlatSlice {
   torch::Tensor values;
 };
 
+/// Views of the optimizer state this rank owns for one piece of the flat
+/// layout: fp32 master values and AdamW moments, all of one length. Writing
+/// into them (then calling state_loaded) restores a checkpoint.
+struct StateSlice {
+  size_t group = 0;
+  int64_t offset = 0;
+  torch::Tensor values, exp_avg, exp_avg_sq;
+};
+
 /// Call order per optimizer step: begin_step, then for each micro-step
 /// forward and backward (the last with is_last), then reduce_gradients, then
 /// exactly one of apply_update or discard_gradients. After either, gradients
@@ -86,6 +95,12 @@ class Strategy : public Component {
   virtual std::vector<FlatSlice> gradient_slices() const = 0;
   /// The fp32 parameter values this rank updates (all, or its shard).
   virtual std::vector<FlatSlice> parameter_slices() const = 0;
+  /// Views of the state this rank updates, padding excluded; together over
+  /// all ranks they cover every element at least once.
+  virtual std::vector<StateSlice> state_slices() = 0;
+  /// Called on every rank after the caller wrote into state_slices(): the
+  /// strategy refreshes what derives from them (full parameters, bf16 copies).
+  virtual void state_loaded() = 0;
 };
 
 }  // namespace trainer

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "trainer/Errors.h"
+#include "trainer/Json.h"
 #include "trainer/Log.h"
 #include "trainer/Logger.h"
 
@@ -28,6 +29,7 @@ class JsonlLogger final : public Logger {
     if (info.first_step == 0 && std::filesystem::exists(path_)) {
       log::warn(fmt::format("{}: replacing the metrics of an earlier run", path_.string()));
     }
+    if (info.first_step > 0) keep_until(info.first_step);
     out_.open(path_, info.first_step == 0 ? std::ios::trunc : std::ios::app);
     if (!out_) throw InputError(fmt::format("{}: cannot open for writing", path_.string()));
   }
@@ -47,6 +49,26 @@ class JsonlLogger final : public Logger {
   }
 
  private:
+  // A resumed run continues the file: records past the checkpoint's step
+  // (written before a crash) are dropped so every step appears once.
+  void keep_until(int64_t last_step) {
+    std::ifstream in(path_);
+    if (!in) return;
+    std::string kept, line;
+    while (std::getline(in, line)) {
+      try {
+        const Json record = Json::parse(line);
+        const Json* step = record.find("step");
+        if (step && step->is_integer() && step->as_int() <= last_step) kept += line + "\n";
+      } catch (const std::exception&) {
+        // a torn last line of a crashed run
+      }
+    }
+    const std::filesystem::path temporary = path_.string() + ".tmp";
+    std::ofstream(temporary, std::ios::trunc) << kept;
+    std::filesystem::rename(temporary, path_);
+  }
+
   std::filesystem::path path_;
   std::ofstream out_;
 };

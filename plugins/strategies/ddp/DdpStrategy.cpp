@@ -121,6 +121,18 @@ class DdpStrategy final : public Strategy {
     return slices;
   }
 
+  std::vector<StateSlice> state_slices() override {
+    std::vector<StateSlice> slices;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      slices.push_back({g, 0, groups_[g].values, states_[g].exp_avg, states_[g].exp_avg_sq});
+    }
+    return slices;
+  }
+
+  void state_loaded() override {
+    for (ParameterGroup& group : groups_) sync_compute(group);
+  }
+
   std::vector<FlatSlice> parameter_slices() const override {
     std::vector<FlatSlice> slices;
     for (size_t g = 0; g < groups_.size(); ++g) slices.push_back({g, 0, groups_[g].values});

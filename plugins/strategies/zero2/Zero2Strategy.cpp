@@ -111,6 +111,25 @@ class Zero2Strategy final : public Strategy {
     return out;
   }
 
+  std::vector<StateSlice> state_slices() override {
+    std::vector<StateSlice> slices;
+    for (size_t g = 0; g < shards_.size(); ++g) {
+      const Shard& owned = shards_[g].owned;
+      slices.push_back({g, owned.offset, groups_[g].values.narrow(0, owned.offset, owned.numel),
+                        shards_[g].state.exp_avg, shards_[g].state.exp_avg_sq});
+    }
+    return slices;
+  }
+
+  void state_loaded() override {
+    torch::NoGradGuard no_grad;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const Shard& shard = shards_[g].shard;
+      comm_->all_gather(groups_[g].values.narrow(0, shard.offset, shard.numel), groups_[g].values);
+      sync_compute(groups_[g]);
+    }
+  }
+
   std::vector<FlatSlice> parameter_slices() const override {
     std::vector<FlatSlice> out;
     for (size_t g = 0; g < shards_.size(); ++g) {

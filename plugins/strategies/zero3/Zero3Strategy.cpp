@@ -200,6 +200,18 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     return out;
   }
 
+  std::vector<StateSlice> state_slices() override {
+    std::vector<StateSlice> slices;
+    for (size_t g = 0; g < shards_.size(); ++g) {
+      ShardedGroup& s = shards_[g];
+      slices.push_back({g, s.owned.offset, s.values.narrow(0, 0, s.owned.numel), s.state.exp_avg, s.state.exp_avg_sq});
+    }
+    return slices;
+  }
+
+  // Units are gathered from the shards on demand: nothing derives from them.
+  void state_loaded() override {}
+
   std::vector<FlatSlice> parameter_slices() const override {
     std::vector<FlatSlice> out;
     for (size_t g = 0; g < shards_.size(); ++g) {

@@ -1,0 +1,284 @@
+// Checkpoint writing, verification and loading (see Checkpoint.h).
+#include "Checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "Files.h"
+#include "trainer/Errors.h"
+#include "trainer/Json.h"
+#include "trainer/Log.h"
+#include "trainer/Safetensors.h"
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormat = "trainer-checkpoint-1";
+const char* kStateNames[] = {"values", "exp_avg", "exp_avg_sq"};
+
+struct Chunk {
+  int64_t begin = 0, end = 0;
+};
+// Rank r's canonical chunk of a group of n elements.
+Chunk canonical(int64_t n, int rank, int world) {
+  const int64_t c = (n + world - 1) / world;
+  return Chunk{std::min(n, rank * c), std::min(n, (rank + 1) * c)};
+}
+
+uint64_t file_hash(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  char buffer[1 << 16];
+  while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
+    for (std::streamsize i = 0; i < in.gcount(); ++i) hash = (hash ^ static_cast<unsigned char>(buffer[i])) * 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+void fsync_path(const fs::path& path) {
+  const int fd = open(path.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    fsync(fd);
+    close(fd);
+  }
+}
+
+void write_text_synced(const fs::path& path, const std::string& text) {
+  const fs::path temporary = path.string() + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw TrainingError(fmt::format("{}: write failed", temporary.string()));
+  }
+  fsync_path(temporary);
+  fs::rename(temporary, path);
+}
+
+Json read_manifest(const fs::path& dir) {
+  const fs::path file = dir / "manifest.json";
+  std::ifstream in(file);
+  if (!in) throw InputError(fmt::format("{}: missing (not a complete checkpoint)", file.string()));
+  std::stringstream text;
+  text << in.rdbuf();
+  Json manifest;
+  try {
+    manifest = Json::parse(text.str());
+  } catch (const std::exception& error) {
+    throw InputError(fmt::format("{}: malformed: {}", file.string(), error.what()));
+  }
+  const Json* format = manifest.find("format");
+  if (!format || !format->is_string() || format->as_string() != kFormat) {
+    throw InputError(fmt::format("{}: not a {} manifest", file.string(), kFormat));
+  }
+  return manifest;
+}
+
+const Json& member(const Json& object, const char* key, const fs::path& file) {
+  const Json* value = object.find(key);
+  if (!value) throw InputError(fmt::format("{}: missing '{}'", file.string(), key));
+  return *value;
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(std::string root, int64_t keep, std::string fingerprint, std::string strategy_name)
+    : root_(std::move(root)), keep_(keep), fingerprint_(std::move(fingerprint)), strategy_name_(std::move(strategy_name)) {}
+
+std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, const TrainingPosition& position) {
+  const int rank = comm.rank(), world = comm.world_size();
+  const fs::path final_dir = fs::path(root_) / fmt::format("step-{:08d}", position.step);
+  const fs::path temporary = fs::path(root_) / fmt::format("step-{:08d}.tmp", position.step);
+  if (rank == 0) {
+    remove_tree(temporary.string());
+    fs::create_directories(temporary);
+  }
+  comm.barrier();
+
+  // This rank's canonical chunks, filled from the state it holds.
+  const std::vector<StateSlice> slices = strategy.state_slices();
+  std::vector<int64_t> group_numel;
+  {
+    int64_t numel[2] = {0, 0};
+    for (const NamedParameter& p : model.parameters()) numel[p.decay ? 0 : 1] += p.tensor.numel();
+    for (int64_t n : numel) {
+      if (n > 0) group_numel.push_back(n);
+    }
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  torch::NoGradGuard no_grad;
+  for (size_t g = 0; g < group_numel.size(); ++g) {
+    const Chunk mine = canonical(group_numel[g], rank, world);
+    for (int k = 0; k < 3; ++k) {
+      torch::Tensor chunk = torch::zeros({mine.end - mine.begin});
+      int64_t covered = 0;
+      for (const StateSlice& s : slices) {
+        if (s.group != g) continue;
+        const torch::Tensor& source = k == 0 ? s.values : (k == 1 ? s.exp_avg : s.exp_avg_sq);
+        const int64_t begin = std::max(mine.begin, s.offset), end = std::min(mine.end, s.offset + source.numel());
+        if (end <= begin) continue;
+        chunk.narrow(0, begin - mine.begin, end - begin).copy_(source.narrow(0, begin - s.offset, end - begin));
+        covered += end - begin;
+      }
+      if (covered < mine.end - mine.begin) {
+        throw std::logic_error(fmt::format("strategy '{}' holds {} of the {} elements of group {} that rank {} saves",
+                                           strategy_name_, covered, mine.end - mine.begin, g, rank));
+      }
+      tensors.emplace_back(fmt::format("group{}.{}", g, kStateNames[k]), chunk);
+    }
+  }
+  const fs::path shard = temporary / fmt::format("rank-{:05d}.safetensors", rank);
+  write_safetensors(shard.string(), tensors);
+  if (const char* fault = std::getenv("TRAINER_FAULT_INJECT"); fault && std::string(fault) == "checkpoint-write") {
+    _exit(9);  // tests: die with a checkpoint half written
+  }
+  const torch::Tensor local = torch::tensor({static_cast<int64_t>(file_hash(shard)),
+                                             static_cast<int64_t>(fs::file_size(shard))}, torch::kInt64);
+  torch::Tensor all = torch::zeros({2 * world}, torch::kInt64);
+  const torch::Device device = slices.empty() ? torch::Device(torch::kCPU) : slices.front().values.device();
+  torch::Tensor all_device = all.to(device);
+  comm.all_gather(local.to(device), all_device);
+  all = all_device.cpu();
+
+  if (rank == 0) {
+    std::string groups, files, parameters;
+    for (size_t g = 0; g < group_numel.size(); ++g) groups += fmt::format("{}{}", g ? ", " : "", group_numel[g]);
+    for (int r = 0; r < world; ++r) {
+      files += fmt::format("{}{{\"name\": \"rank-{:05d}.safetensors\", \"fnv1a\": \"{:016x}\", \"bytes\": {}}}",
+                           r ? ", " : "", r, static_cast<uint64_t>(all[2 * r].item<int64_t>()), all[2 * r + 1].item<int64_t>());
+    }
+    for (const NamedParameter& p : model.parameters()) {
+      parameters += fmt::format("{}{{\"name\": \"{}\", \"numel\": {}, \"decay\": {}}}", parameters.empty() ? "" : ", ",
+                                json_escape(p.name), p.tensor.numel(), p.decay ? "true" : "false");
+    }
+    write_text_synced(temporary / "manifest.json",
+                      fmt::format("{{\"format\": \"{}\", \"step\": {}, \"applied_updates\": {}, \"world_size\": {}, "
+                                  "\"strategy\": \"{}\", \"fingerprint\": \"{}\", \"sampler\": \"a function of (seed, "
+                                  "step): resumes at step {}\", \"rng\": \"none used by training\", "
+                                  "\"group_numel\": [{}], \"files\": [{}], \"parameters\": [{}]}}\n",
+                                  kFormat, position.step, position.applied_updates, world, json_escape(strategy_name_),
+                                  fingerprint_, position.step, groups, files, parameters));
+    fsync_path(temporary);
+    remove_tree(final_dir.string());
+    fs::rename(temporary, final_dir);
+    fsync_path(root_);
+    // Keep the newest `keep` complete checkpoints.
+    std::vector<fs::path> complete;
+    for (const auto& entry : fs::directory_iterator(root_)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("step-", 0) == 0 && entry.path().extension() != ".tmp") complete.push_back(entry.path());
+    }
+    std::sort(complete.begin(), complete.end());
+    for (size_t i = 0; i + static_cast<size_t>(keep_) < complete.size(); ++i) remove_tree(complete[i].string());
+  }
+  comm.barrier();
+  return final_dir.string();
+}
+
+void Checkpointer::verify(const std::string& dir) {
+  const Json manifest = read_manifest(dir);
+  const fs::path file = fs::path(dir) / "manifest.json";
+  for (const Json& f : member(manifest, "files", file).items()) {
+    const fs::path shard = fs::path(dir) / member(f, "name", file).as_string();
+    if (!fs::exists(shard)) throw InputError(fmt::format("{}: missing (listed in {})", shard.string(), file.string()));
+    const int64_t bytes = static_cast<int64_t>(fs::file_size(shard));
+    if (bytes != member(f, "bytes", file).as_int()) {
+      throw InputError(fmt::format("{}: {} bytes, the manifest says {} (truncated?)", shard.string(), bytes,
+                                   member(f, "bytes", file).as_int()));
+    }
+    const std::string hash = fmt::format("{:016x}", file_hash(shard));
+    if (hash != member(f, "fnv1a", file).as_string()) {
+      throw InputError(fmt::format("{}: checksum {} differs from the manifest's {} (the file is corrupt)", shard.string(),
+                                   hash, member(f, "fnv1a", file).as_string()));
+    }
+  }
+}
+
+std::string Checkpointer::resolve(const std::string& resume) const {
+  if (resume.empty()) return "";
+  if (resume != "auto") {
+    verify(resume);
+    return resume;
+  }
+  std::vector<fs::path> candidates;
+  std::error_code error;
+  if (fs::is_directory(root_, error)) {
+    for (const auto& entry : fs::directory_iterator(root_)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("step-", 0) != 0) continue;
+      if (entry.path().extension() == ".tmp") {
+        log::warn(fmt::format("{}: an incomplete checkpoint (a run stopped while writing it); ignored",
+                              entry.path().string()));
+        continue;
+      }
+      candidates.push_back(entry.path());
+    }
+  }
+  std::sort(candidates.rbegin(), candidates.rend());
+  for (const fs::path& candidate : candidates) {
+    try {
+      verify(candidate.string());
+      return candidate.string();
+    } catch (const InputError& bad) {
+      log::warn(fmt::format("checkpoint {} is not usable ({}); trying an older one", candidate.string(), bad.what()));
+    }
+  }
+  return "";
+}
+
+TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm) {
+  const Json manifest = read_manifest(dir);
+  const fs::path file = fs::path(dir) / "manifest.json";
+  if (member(manifest, "fingerprint", file).as_string() != fingerprint_) {
+    throw InputError(fmt::format("{}: written by a run with another model, dataset, optimizer or global batch size; "
+                                 "resume only what the checkpoint was made of", file.string()));
+  }
+  const std::vector<NamedParameter> params = model.parameters();
+  const std::vector<Json>& saved = member(manifest, "parameters", file).items();
+  bool same = saved.size() == params.size();
+  for (size_t i = 0; same && i < params.size(); ++i) {
+    same = saved[i].find("name")->as_string() == params[i].name && saved[i].find("numel")->as_int() == params[i].tensor.numel();
+  }
+  if (!same) throw InputError(fmt::format("{}: the model's parameters differ from the checkpoint's", file.string()));
+  const int saved_world = static_cast<int>(member(manifest, "world_size", file).as_int());
+  std::vector<int64_t> group_numel;
+  for (const Json& n : member(manifest, "group_numel", file).items()) group_numel.push_back(n.as_int());
+  std::vector<std::unique_ptr<SafetensorsReader>> readers;
+  for (const Json& f : member(manifest, "files", file).items()) {
+    readers.push_back(std::make_unique<SafetensorsReader>((fs::path(dir) / f.find("name")->as_string()).string()));
+  }
+  torch::NoGradGuard no_grad;
+  for (StateSlice& s : strategy.state_slices()) {
+    for (int k = 0; k < 3; ++k) {
+      torch::Tensor& target = k == 0 ? s.values : (k == 1 ? s.exp_avg : s.exp_avg_sq);
+      for (int r = 0; r < saved_world; ++r) {
+        const Chunk chunk = canonical(group_numel.at(s.group), r, saved_world);
+        const int64_t begin = std::max(chunk.begin, s.offset), end = std::min(chunk.end, s.offset + target.numel());
+        if (end <= begin) continue;
+        const torch::Tensor source = readers.at(r)->read(fmt::format("group{}.{}", s.group, kStateNames[k]));
+        target.narrow(0, begin - s.offset, end - begin).copy_(source.narrow(0, begin - chunk.begin, end - begin));
+      }
+    }
+  }
+  strategy.state_loaded();
+  comm.barrier();
+  TrainingPosition position;
+  position.step = member(manifest, "step", file).as_int();
+  position.applied_updates = member(manifest, "applied_updates", file).as_int();
+  log::info(fmt::format("resumed from {} (step {}, written by {} at world size {})", dir, position.step,
+                        member(manifest, "strategy", file).as_string(), saved_world));
+  return position;
+}
+
+}  // namespace trainer

@@ -1,0 +1,53 @@
+// Sharded checkpoints in a layout independent of strategy and world size:
+// each rank writes the canonical chunk of every flat group (rank r: elements
+// [r c, (r + 1) c), c = ceil(n / world)) of the fp32 master weights and AdamW
+// moments; rank 0 writes a manifest with the step, the layout and a checksum
+// per file. Any strategy at any world size reads the pieces it owns.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "trainer/Comm.h"
+#include "trainer/Model.h"
+#include "trainer/Strategy.h"
+
+namespace trainer {
+
+struct TrainingPosition {
+  int64_t step = 0;             ///< optimizer steps completed
+  int64_t applied_updates = 0;  ///< Adam's step count
+};
+
+class Checkpointer {
+ public:
+  /// `root`: the directory holding step-NNNNNNNN checkpoints. `fingerprint`
+  /// identifies what must not change across a resume (model, data,
+  /// optimizer, global batch); `keep`: newest checkpoints kept.
+  Checkpointer(std::string root, int64_t keep, std::string fingerprint, std::string strategy_name);
+
+  /// Collective. Writes into step-N.tmp, fsyncs, renames to step-N, prunes
+  /// the oldest beyond `keep`. A crash at any point leaves earlier
+  /// checkpoints intact. Returns the checkpoint's directory.
+  std::string save(Strategy& strategy, Model& model, Comm& comm, const TrainingPosition& position);
+
+  /// Collective. Loads a verified checkpoint into the strategy.
+  TrainingPosition load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm);
+
+  /// "" -> ""; "auto" -> the newest checkpoint under root that verifies (or
+  /// "" when there is none), saying which were skipped and why; a path ->
+  /// that path, verified. InputError names a corrupt or foreign file.
+  std::string resolve(const std::string& resume) const;
+
+  /// Throws InputError naming the first file whose size or checksum differs
+  /// from the manifest, or a manifest that is missing or malformed.
+  static void verify(const std::string& dir);
+
+ private:
+  std::string root_;
+  int64_t keep_;
+  std::string fingerprint_;
+  std::string strategy_name_;
+};
+
+}  // namespace trainer

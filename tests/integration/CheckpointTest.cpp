@@ -1,0 +1,152 @@
+// Checkpoints: exact resume for every strategy, resharding across strategy
+// and world size, a crash while writing, a corrupt shard, and SIGTERM.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "TestSupport.h"
+#include "trainer/Json.h"
+
+namespace trainer {
+namespace {
+
+using testing::read_file;
+using testing::run_command;
+using testing::scratch_dir;
+using testing::source_path;
+using testing::trainer;
+
+const std::string kQuickstart = source_path("configs/quickstart.toml");
+
+// Quickstart (global batch 8) with `strategy` at `world` ranks.
+std::string setup(const std::string& strategy, int world) {
+  return " --set strategy.name=" + strategy + " --set training.micro_batch_size=" + std::to_string(8 / world) +
+         " --nproc " + std::to_string(world);
+}
+
+void run_ok(const std::string& dir, const std::string& args) {
+  const auto result = trainer("run " + kQuickstart + " --set run.output_dir=" + dir + " " + args);
+  ASSERT_EQ(result.exit_code, 0) << args << "\n" << result.output;
+}
+
+TEST(Checkpoint, ExactResumeForEveryStrategyAtWorldSizeTwo) {
+  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+    const std::string straight = scratch_dir(std::string("CkStraight_") + strategy);
+    const std::string resumed = scratch_dir(std::string("CkResumed_") + strategy);
+    run_ok(straight, "--set training.steps=8" + setup(strategy, 2));
+    run_ok(resumed, "--set training.steps=4 --set checkpoint.interval=4" + setup(strategy, 2));
+    run_ok(resumed, "--set training.steps=8 --set checkpoint.resume=auto" + setup(strategy, 2));
+    const auto same = trainer("compare --rtol 0 " + straight + " " + resumed);
+    EXPECT_EQ(same.exit_code, 0) << strategy << "\n" << same.output;
+    EXPECT_EQ(read_metrics(resumed + "/metrics.jsonl").size(), 8u) << strategy;
+    EXPECT_EQ(read_file(straight + "/summary.json"), read_file(resumed + "/summary.json")) << strategy;
+    EXPECT_EQ(read_file(straight + "/model.safetensors"), read_file(resumed + "/model.safetensors")) << strategy;
+  }
+}
+
+TEST(Checkpoint, ResumesUnderAnotherStrategyAndWorldSize) {
+  const std::vector<std::tuple<std::string, int, std::string, int>> cases = {
+      {"zero3", 4, "zero1", 2}, {"zero2", 2, "zero3", 4}, {"zero1", 2, "ddp", 1}};
+  for (const auto& [from, from_world, to, to_world] : cases) {
+    const std::string name = from + std::to_string(from_world) + "_" + to + std::to_string(to_world);
+    const std::string straight = scratch_dir("CkReshardStraight_" + name);
+    const std::string moved = scratch_dir("CkReshard_" + name);
+    run_ok(straight, "--set training.steps=8" + setup(from, from_world));
+    run_ok(moved, "--set training.steps=4 --set checkpoint.interval=4" + setup(from, from_world));
+    run_ok(moved, "--set training.steps=8 --set checkpoint.resume=auto" + setup(to, to_world));
+    // Same samples and state; fp32 sums in another order after the move.
+    const auto close = trainer("compare --rtol 1e-5 " + straight + " " + moved);
+    EXPECT_EQ(close.exit_code, 0) << name << "\n" << close.output;
+  }
+}
+
+TEST(Checkpoint, CrashWhileWritingLosesNothing) {
+  const std::string straight = scratch_dir("CkCrashStraight");
+  const std::string crashed = scratch_dir("CkCrash");
+  const std::string args = "--set lr_schedule.name=constant --set checkpoint.interval=3 --set checkpoint.keep=5";
+  run_ok(straight, "--set training.steps=9 " + args);
+  run_ok(crashed, "--set training.steps=6 " + args);  // checkpoints at 3 and 6
+  const auto died = run_command("TRAINER_FAULT_INJECT=checkpoint-write " + std::string(TRAINER_BINARY) + " run " +
+                                kQuickstart + " --set run.output_dir=" + crashed + " --set training.steps=9 " + args +
+                                " --set checkpoint.resume=auto");
+  EXPECT_EQ(died.exit_code, 9) << died.output;  // died writing step 9's checkpoint
+  EXPECT_TRUE(std::filesystem::exists(crashed + "/checkpoints/step-00000009.tmp"));
+  const auto resumed = trainer("run " + kQuickstart + " --set run.output_dir=" + crashed + " --set training.steps=9 " +
+                               args + " --set checkpoint.resume=auto");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("step-00000009.tmp: an incomplete checkpoint"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + crashed + "/checkpoints/step-00000006"), std::string::npos);
+  EXPECT_EQ(trainer("compare --rtol 0 " + straight + " " + crashed).exit_code, 0);
+}
+
+TEST(Checkpoint, CorruptShardIsNamedAndAutoFallsBack) {
+  const std::string dir = scratch_dir("CkCorrupt");
+  run_ok(dir, "--set training.steps=4 --set checkpoint.interval=2");
+  const std::string shard = dir + "/checkpoints/step-00000004/rank-00000.safetensors";
+  {
+    std::fstream file(shard, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(1000);
+    char byte = 0;
+    file.read(&byte, 1);
+    byte ^= 0x10;
+    file.seekp(1000);
+    file.write(&byte, 1);
+  }
+  const auto named = trainer("run " + kQuickstart + " --set run.output_dir=" + dir + " --set training.steps=6 " +
+                             "--set checkpoint.resume=" + dir + "/checkpoints/step-00000004");
+  EXPECT_EQ(named.exit_code, 2) << named.output;
+  EXPECT_NE(named.output.find(shard + ": checksum"), std::string::npos) << named.output;
+  EXPECT_NE(named.output.find("(the file is corrupt)"), std::string::npos) << named.output;
+  const auto fallback = trainer("run " + kQuickstart + " --set run.output_dir=" + dir +
+                                " --set training.steps=6 --set checkpoint.resume=auto");
+  ASSERT_EQ(fallback.exit_code, 0) << fallback.output;
+  EXPECT_NE(fallback.output.find("step-00000004 is not usable"), std::string::npos) << fallback.output;
+  EXPECT_NE(fallback.output.find("resumed from " + dir + "/checkpoints/step-00000002"), std::string::npos)
+      << fallback.output;
+}
+
+TEST(Checkpoint, SigtermWritesACheckpointAndResumeMatches) {
+  const std::string dir = scratch_dir("CkSigterm");
+  const std::string out = "run.output_dir=" + dir;
+  const pid_t launcher = fork();
+  if (launcher == 0) {
+    const int fd = open((dir + "/log.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl(TRAINER_BINARY, TRAINER_BINARY, "run", kQuickstart.c_str(), "--nproc", "2", "--set", out.c_str(), "--set",
+          "training.micro_batch_size=4", "--set", "training.steps=100000", "--set", "lr_schedule.name=constant",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_file(dir + "/metrics.jsonl").size() < 400 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(launcher, SIGTERM);
+  int status = 0;
+  waitpid(launcher, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 75) << read_file(dir + "/log.txt");
+  std::string checkpoint;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/checkpoints")) checkpoint = entry.path().string();
+  ASSERT_FALSE(checkpoint.empty());
+  const int64_t stopped = Json::parse(read_file(checkpoint + "/manifest.json")).find("step")->as_int();
+  const std::string total = std::to_string(stopped + 3);
+  run_ok(dir, "--set training.micro_batch_size=4 --nproc 2 --set lr_schedule.name=constant --set checkpoint.resume=auto "
+              "--set training.steps=" + total);
+  const std::string straight = scratch_dir("CkSigtermStraight");
+  run_ok(straight, "--set training.micro_batch_size=4 --nproc 2 --set lr_schedule.name=constant --set training.steps=" + total);
+  const auto same = trainer("compare --rtol 0 " + straight + " " + dir);
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+}
+
+}  // namespace
+}  // namespace trainer
