@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "Files.h"
 #include "trainer/Errors.h"
@@ -159,8 +160,9 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
                            r ? ", " : "", r, static_cast<uint64_t>(all[2 * r].item<int64_t>()), all[2 * r + 1].item<int64_t>());
     }
     for (const NamedParameter& p : model.parameters()) {
-      parameters += fmt::format("{}{{\"name\": \"{}\", \"numel\": {}, \"decay\": {}}}", parameters.empty() ? "" : ", ",
-                                json_escape(p.name), p.tensor.numel(), p.decay ? "true" : "false");
+      parameters += fmt::format("{}{{\"name\": \"{}\", \"numel\": {}, \"shape\": [{}], \"decay\": {}}}",
+                                parameters.empty() ? "" : ", ", json_escape(p.name), p.tensor.numel(),
+                                fmt::join(p.tensor.sizes(), ", "), p.decay ? "true" : "false");
     }
     write_text_synced(temporary / "manifest.json",
                       fmt::format("{{\"format\": \"{}\", \"step\": {}, \"applied_updates\": {}, \"world_size\": {}, "
@@ -169,6 +171,7 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
                                   "\"group_numel\": [{}], \"files\": [{}], \"parameters\": [{}]}}\n",
                                   kFormat, position.step, position.applied_updates, world, json_escape(strategy_name_),
                                   fingerprint_, position.step, groups, files, parameters));
+    if (const std::string config = model.hf_config(); !config.empty()) write_text_synced(temporary / "config.json", config);
     fsync_path(temporary);
     remove_tree(final_dir.string());
     fs::rename(temporary, final_dir);
@@ -235,6 +238,43 @@ std::string Checkpointer::resolve(const std::string& resume) const {
     }
   }
   return "";
+}
+
+void export_checkpoint(const std::string& dir, const std::string& to) {
+  Checkpointer::verify(dir);
+  const Json manifest = read_manifest(dir);
+  const fs::path file = fs::path(dir) / "manifest.json";
+  const int world = static_cast<int>(member(manifest, "world_size", file).as_int());
+  std::vector<int64_t> group_numel;
+  for (const Json& n : member(manifest, "group_numel", file).items()) group_numel.push_back(n.as_int());
+  std::vector<torch::Tensor> groups;
+  for (size_t g = 0; g < group_numel.size(); ++g) {
+    std::vector<torch::Tensor> chunks;
+    for (int r = 0; r < world; ++r) {
+      const SafetensorsReader reader((fs::path(dir) / fmt::format("rank-{:05d}.safetensors", r)).string());
+      chunks.push_back(reader.read(fmt::format("group{}.values", g)));
+    }
+    groups.push_back(torch::cat(chunks));
+  }
+  // Parameters sit in their group (decay first) in model order.
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  int64_t offset[2] = {0, 0};
+  const int decay_group = 0, plain_group = group_numel.size() > 1 ? 1 : 0;
+  for (const Json& p : member(manifest, "parameters", file).items()) {
+    const bool decay = member(p, "decay", file).as_bool();
+    const int kind = decay ? 0 : 1;
+    std::vector<int64_t> shape;
+    for (const Json& d : member(p, "shape", file).items()) shape.push_back(d.as_int());
+    const int64_t numel = member(p, "numel", file).as_int();
+    named.emplace_back(member(p, "name", file).as_string(),
+                       groups.at(decay ? decay_group : plain_group).narrow(0, offset[kind], numel).view(shape));
+    offset[kind] += numel;
+  }
+  fs::create_directories(to);
+  write_safetensors((fs::path(to) / "model.safetensors").string(), named);
+  if (fs::exists(fs::path(dir) / "config.json")) {
+    fs::copy_file(fs::path(dir) / "config.json", fs::path(to) / "config.json", fs::copy_options::overwrite_existing);
+  }
 }
 
 TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm) {

@@ -50,4 +50,9 @@ class Checkpointer {
   std::string strategy_name_;
 };
 
+/// Consolidates a verified checkpoint's fp32 weights into `to`
+/// (model.safetensors, Hugging Face names, plus config.json), whatever world
+/// size wrote it.
+void export_checkpoint(const std::string& dir, const std::string& to);
+
 }  // namespace trainer

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "Checkpoint.h"
 #include "TrainingLoop.h"
 #include "trainer/Errors.h"
 #include "trainer/Model.h"
@@ -17,6 +18,11 @@ namespace trainer {
 namespace fs = std::filesystem;
 
 void export_run(const std::string& run_dir, const std::string& to) {
+  if (fs::exists(fs::path(run_dir) / "manifest.json")) {  // a checkpoint
+    export_checkpoint(run_dir, to);
+    fmt::print("exported checkpoint {} to {}\n", run_dir, to);
+    return;
+  }
   const fs::path weights = fs::path(run_dir) / "model.safetensors";
   const fs::path config = fs::path(run_dir) / "config.json";
   if (!fs::exists(weights)) {

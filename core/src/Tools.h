@@ -9,7 +9,8 @@
 namespace trainer {
 
 /// Copies RUN_DIR's model.safetensors and config.json into `to` (created),
-/// after checking the safetensors file reads back. InputError if missing.
+/// after checking the safetensors file reads back; or, when RUN_DIR is a
+/// checkpoint, consolidates its shards. InputError if missing or corrupt.
 void export_run(const std::string& run_dir, const std::string& to);
 
 /// Builds the recipe's model and writes its fp32 logits for the token ids in

@@ -134,8 +134,9 @@ int main(int argc, char** argv) {
   compare->add_flag("-q,--quiet", compare_quiet, "print only the summary line");
 
   std::string export_from, export_to;
-  CLI::App* export_cmd = app.add_subcommand("export", "write a run's final weights as a Hugging Face directory");
-  export_cmd->add_option("run", export_from, "run directory")->required();
+  CLI::App* export_cmd =
+      app.add_subcommand("export", "write a run's final weights, or a checkpoint's, as a Hugging Face directory");
+  export_cmd->add_option("run", export_from, "run directory or checkpoint directory")->required();
   export_cmd->add_option("--to", export_to, "output directory (config.json + model.safetensors)")->required();
 
   std::string tokens_file, logits_file;

@@ -68,6 +68,23 @@ TEST(Checkpoint, ResumesUnderAnotherStrategyAndWorldSize) {
   }
 }
 
+TEST(Checkpoint, ExportsACheckpointWrittenAtAnyWorldSize) {
+  const std::string dir = scratch_dir("CkExport");
+  run_ok(dir, "--set training.steps=4 --set checkpoint.interval=4" + setup("zero3", 4));
+  const std::string hf = dir + "/hf";
+  const auto exported = trainer("export " + dir + "/checkpoints/step-00000004 --to " + hf);
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  // The same weights as the run's own consolidated file (both fp32, the same step).
+  EXPECT_EQ(read_file(hf + "/model.safetensors").size(), read_file(dir + "/model.safetensors").size());
+  const std::string tokens = testing::write_file(dir + "/tokens.txt", "3 1 4 1 5 9\n");
+  const auto a = trainer("forward " + kQuickstart + " --set model.hf_dir=" + hf + " --tokens " + tokens + " --out " + dir + "/a.bin");
+  const auto b = trainer("forward " + kQuickstart + " --set model.init_from=" + dir + "/model.safetensors --tokens " +
+                         tokens + " --out " + dir + "/b.bin");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(read_file(dir + "/a.bin"), read_file(dir + "/b.bin"));
+}
+
 TEST(Checkpoint, CrashWhileWritingLosesNothing) {
   const std::string straight = scratch_dir("CkCrashStraight");
   const std::string crashed = scratch_dir("CkCrash");
