@@ -1,7 +1,6 @@
 // Checkpoint writing, verification and loading (see Checkpoint.h).
 #include "Checkpoint.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,26 +44,6 @@ uint64_t file_hash(const fs::path& file) {
     for (std::streamsize i = 0; i < in.gcount(); ++i) hash = (hash ^ static_cast<unsigned char>(buffer[i])) * 0x100000001b3ULL;
   }
   return hash;
-}
-
-void fsync_path(const fs::path& path) {
-  const int fd = open(path.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    fsync(fd);
-    close(fd);
-  }
-}
-
-void write_text_synced(const fs::path& path, const std::string& text) {
-  const fs::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw TrainingError(fmt::format("{}: write failed", temporary.string()));
-  }
-  fsync_path(temporary);
-  fs::rename(temporary, path);
 }
 
 Json read_manifest(const fs::path& dir) {
@@ -164,14 +143,14 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
                                 parameters.empty() ? "" : ", ", json_escape(p.name), p.tensor.numel(),
                                 fmt::join(p.tensor.sizes(), ", "), p.decay ? "true" : "false");
     }
-    write_text_synced(temporary / "manifest.json",
+    write_file_atomically(temporary / "manifest.json",
                       fmt::format("{{\"format\": \"{}\", \"step\": {}, \"applied_updates\": {}, \"world_size\": {}, "
                                   "\"strategy\": \"{}\", \"fingerprint\": \"{}\", \"sampler\": \"a function of (seed, "
                                   "step): resumes at step {}\", \"rng\": \"none used by training\", "
                                   "\"group_numel\": [{}], \"files\": [{}], \"parameters\": [{}]}}\n",
                                   kFormat, position.step, position.applied_updates, world, json_escape(strategy_name_),
                                   fingerprint_, position.step, groups, files, parameters));
-    if (const std::string config = model.hf_config(); !config.empty()) write_text_synced(temporary / "config.json", config);
+    if (const std::string config = model.hf_config(); !config.empty()) write_file_atomically(temporary / "config.json", config);
     fsync_path(temporary);
     remove_tree(final_dir.string());
     fs::rename(temporary, final_dir);

@@ -1,4 +1,5 @@
-// The conformance kit. Fixture: the qwen2 plugin at a small size and a global
+// The conformance kit, one file because its fixture, its fp64 reference and
+// its checks are only read together. Fixture: the qwen2 plugin at a small size and a global
 // batch of 8 samples whose target-token counts are 1 (first half) or 24
 // (second half), so micro-batches of every split differ by at least 20x in
 // target tokens: averaging per micro-batch, dropping micro-batches or

@@ -64,6 +64,33 @@ TEST(Weights, ExportLoadsBackAsAHuggingFaceDirectory) {
   EXPECT_NE(read_file(hf + "/a.bin"), read_file(hf + "/c.bin"));  // the trained weights were used
 }
 
+TEST(Weights, LoadsAShardedCheckpointThroughItsIndex) {
+  const std::string trained = run("WeightsShardSource", "");
+  const std::string hf = scratch_dir("WeightsSharded");
+  ASSERT_EQ(trainer("export " + trained + " --to " + hf).exit_code, 0);
+  const SafetensorsReader whole(hf + "/model.safetensors");
+  std::vector<std::pair<std::string, torch::Tensor>> first, second;
+  std::string map;
+  for (const std::string& name : whole.names()) {
+    const bool early = name.find("layers.1.") == std::string::npos && name.find("norm.weight") != 0;
+    (early ? first : second).emplace_back(name, whole.read(name));
+    map += std::string(map.empty() ? "" : ",") + "\"" + name + "\": \"" +
+           (early ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors") + "\"";
+  }
+  write_safetensors(hf + "/model-00001-of-00002.safetensors", first);
+  write_safetensors(hf + "/model-00002-of-00002.safetensors", second);
+  write_file(hf + "/model.safetensors.index.json", "{\"metadata\": {}, \"weight_map\": {" + map + "}}");
+  const std::string tokens = write_file(hf + "/tokens.txt", "7 3 9 1\n");
+  ASSERT_EQ(trainer("forward " + kQuickstart + " --set model.hf_dir=" + hf + " --tokens " + tokens + " --out " + hf +
+                    "/whole.bin").exit_code, 0);
+  std::filesystem::remove(hf + "/model.safetensors");
+  const auto sharded = trainer("forward " + kQuickstart + " --set model.hf_dir=" + hf + " --tokens " + tokens +
+                               " --out " + hf + "/sharded.bin");
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+  EXPECT_EQ(read_file(hf + "/whole.bin"), read_file(hf + "/sharded.bin"));
+  EXPECT_FALSE(second.empty());
+}
+
 TEST(Weights, BadWeightFilesAreNamed) {
   const std::string trained = run("WeightsBadSource", "");
   const std::string hf = scratch_dir("WeightsBad");

@@ -1,4 +1,5 @@
-// Strategy `zero3` (ZeRO stage 3): parameters sharded too.
+// Strategy `zero3` (ZeRO stage 3): parameters sharded too. One file: the
+// unit protocol (gather, hooks, reduce, release) only reads as a whole.
 //
 //   state        | per rank
 //   parameters   | 1/world of each flat group (fp32); a unit's full

@@ -1,0 +1,71 @@
+// The keys of the core's own recipe sections: [run], [training],
+// [optimizer], [lr_schedule], [distributed], [checkpoint].
+#include "Recipe.h"
+
+namespace trainer {
+
+namespace {
+
+using VT = ValueType;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+constexpr KeySpec kRunKeys[] = {
+    {"name", VT::String, "'run'", "name of the run, shown by loggers"},
+    {"seed", VT::Int, "0", "seed of parameter init, data and sampling", 0, 9.0e15},
+    {"output_dir", VT::String, "''", "where recipe.toml and metrics.jsonl go; '' means runs/<name>"},
+    {"device", VT::String, "'cpu'", "compute device", -kInf, kInf, "cpu|cuda"},
+};
+constexpr KeySpec kTrainingKeys[] = {
+    {"steps", VT::Int, "100", "optimizer steps to run", 1, 1e12},
+    {"micro_batch_size", VT::Int, "8", "samples per micro-step on each rank", 1, 1 << 20},
+    {"grad_accum_steps", VT::Int, "1", "micro-steps per optimizer step", 1, 1 << 20},
+    {"global_batch_size", VT::Int, "0",
+     "samples per optimizer step; when set, grad_accum_steps is derived from it", 0, 1 << 30},
+    {"precision", VT::String, "'fp32'",
+     "compute precision; bf16 keeps fp32 master weights, optimizer state and gradient accumulation", -kInf, kInf,
+     "fp32|bf16"},
+    {"max_grad_norm", VT::Float, "1.0", "clip the global gradient norm to this; 0 turns clipping off", 0, kInf},
+    {"on_nonfinite", VT::String, "'error'",
+     "a non-finite gradient norm stops the run (error) or skips the update (skip)", -kInf, kInf, "error|skip"},
+};
+constexpr KeySpec kOptimizerKeys[] = {
+    {"name", VT::String, "'adamw'", "optimizer", -kInf, kInf, "adamw"},
+    {"lr", VT::Float, "1e-3", "peak learning rate", 0, kInf},
+    {"beta1", VT::Float, "0.9", "first-moment decay", 0, 0.999999999},
+    {"beta2", VT::Float, "0.999", "second-moment decay", 0, 0.999999999},
+    {"eps", VT::Float, "1e-8", "added to the denominator", 0, kInf},
+    {"weight_decay", VT::Float, "0.0", "decoupled weight decay of matrices (not biases or norms)", 0, kInf},
+};
+constexpr KeySpec kScheduleKeys[] = {
+    {"name", VT::String, "'constant'", "shape after warmup", -kInf, kInf, "constant|linear|cosine"},
+    {"warmup_steps", VT::Int, "0", "linear warmup from lr/warmup_steps to lr", 0, 1e12},
+    {"min_lr", VT::Float, "0.0", "learning rate at the last step (linear, cosine)", 0, kInf},
+};
+constexpr KeySpec kDistributedKeys[] = {
+    {"backend", VT::String, "'gloo'", "communication plugin when world size > 1", -kInf, kInf, "gloo|nccl"},
+    {"nproc", VT::Int, "1", "local worker processes `trainer run` starts (ignored under an external launcher)", 1, 4096},
+    {"timeout_s", VT::Float, "300", "a collective or peer silent this long ends the job", 1, kInf},
+};
+
+constexpr KeySpec kCheckpointKeys[] = {
+    {"interval", VT::Int, "0", "write a checkpoint every this many optimizer steps; 0: only when stopped by a signal",
+     0, 1e12},
+    {"keep", VT::Int, "2", "newest checkpoints kept", 1, 1e6},
+    {"resume", VT::String, "''", "'' (start fresh), 'auto' (the newest valid checkpoint, if any) or a checkpoint path"},
+    {"dir", VT::String, "''", "where checkpoints go; '' means <output_dir>/checkpoints"},
+};
+
+template <size_t N>
+SectionSpec section(const char* name, const KeySpec (&keys)[N]) {
+  return SectionSpec{name, keys, N};
+}
+
+}  // namespace
+
+std::vector<SectionSpec> core_sections() {
+  return {section("run", kRunKeys), section("training", kTrainingKeys), section("optimizer", kOptimizerKeys),
+          section("lr_schedule", kScheduleKeys), section("distributed", kDistributedKeys),
+          section("checkpoint", kCheckpointKeys)};
+}
+
+}  // namespace trainer

@@ -1,0 +1,101 @@
+// memory.json, summary.json and the consolidated final weights.
+#include "RunOutputs.h"
+
+#include <algorithm>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "Files.h"
+#include "trainer/Errors.h"
+#include "trainer/Safetensors.h"
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+
+// Every rank's MemoryReport, gathered to rank 0 and written as memory.json.
+void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, const fs::path& file, bool writer) {
+  const MemoryReport mine = strategy.memory();
+  torch::Tensor local = torch::tensor({mine.parameter_bytes, mine.gradient_bytes, mine.optimizer_bytes,
+                                       mine.peak_gathered_parameter_bytes}, torch::kInt64).to(device);
+  torch::Tensor all = torch::zeros({4 * comm.world_size()}, local.options());
+  comm.all_gather(local, all);
+  if (!writer) return;
+  all = all.cpu();
+  std::string text = "[\n";
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const auto v = [&](int k) { return all[4 * r + k].item<int64_t>(); };
+    text += fmt::format("  {{\"rank\": {}, \"parameter_bytes\": {}, \"gradient_bytes\": {}, \"optimizer_bytes\": {}, "
+                        "\"peak_gathered_parameter_bytes\": {}}}{}\n",
+                        r, v(0), v(1), v(2), v(3), r + 1 < comm.world_size() ? "," : "");
+  }
+  write_file_atomically(file, text + "]\n");
+}
+
+// FNV-1a over the bytes of the parameters this rank updates, gathered to
+// rank 0 into summary.json: two runs ended with the same weights (at the same
+// world size and strategy layout) exactly when these agree.
+void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const fs::path& file, bool writer,
+                   int64_t steps, int64_t applied_updates) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const FlatSlice& slice : strategy.parameter_slices()) {
+    const torch::Tensor host = slice.values.to(torch::kCPU).contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(host.data_ptr());
+    for (int64_t i = 0; i < host.numel() * host.element_size(); ++i) hash = (hash ^ bytes[i]) * 0x100000001b3ULL;
+  }
+  torch::Tensor local = torch::tensor({static_cast<int64_t>(hash)}, torch::kInt64).to(device);
+  torch::Tensor all = torch::zeros({comm.world_size()}, local.options());
+  comm.all_gather(local, all);
+  if (!writer) return;
+  all = all.cpu();
+  std::string hashes;
+  for (int r = 0; r < comm.world_size(); ++r) {
+    hashes += fmt::format("{}\"{:016x}\"", r ? ", " : "", static_cast<uint64_t>(all[r].item<int64_t>()));
+  }
+  write_file_atomically(file, fmt::format("{{\"steps\": {}, \"applied_updates\": {}, \"world_size\": {}, "
+                                          "\"parameter_fnv1a_per_rank\": [{}]}}\n",
+                                          steps, applied_updates, comm.world_size(), hashes));
+}
+
+// The final parameters, consolidated: every rank contributes the elements
+// of the flat layout it owns by the canonical rule (rank r: the r-th chunk
+// of ceil(n / world) elements of each group), which every strategy's slices
+// cover, and one all-reduce assembles them. Rank 0 writes model.safetensors
+// (fp32, Hugging Face names) and the model's config.json.
+void write_final_weights(Model& model, Strategy& strategy, Comm& comm, torch::Device device, const fs::path& dir,
+                         bool writer) {
+  const std::vector<NamedParameter> params = model.parameters();
+  int64_t numel[2] = {0, 0};  // decay, no decay: flatten_parameters' order
+  for (const NamedParameter& p : params) numel[p.decay ? 0 : 1] += p.tensor.numel();
+  std::vector<int> group_of_kind;  // kind (0 decay, 1 no decay) -> group index, -1 when empty
+  std::vector<torch::Tensor> full;
+  for (int kind = 0; kind < 2; ++kind) {
+    group_of_kind.push_back(numel[kind] > 0 ? static_cast<int>(full.size()) : -1);
+    if (numel[kind] > 0) full.push_back(torch::zeros({numel[kind]}, torch::TensorOptions().device(device)));
+  }
+  torch::NoGradGuard no_grad;
+  for (const FlatSlice& slice : strategy.parameter_slices()) {
+    const int64_t n = full.at(slice.group).numel();
+    const int64_t chunk = (n + comm.world_size() - 1) / comm.world_size();
+    const int64_t begin = std::max(slice.offset, comm.rank() * chunk);
+    const int64_t end = std::min({slice.offset + slice.values.numel(), (comm.rank() + 1) * chunk, n});
+    if (end > begin) {
+      full[slice.group].narrow(0, begin, end - begin).copy_(slice.values.narrow(0, begin - slice.offset, end - begin));
+    }
+  }
+  for (torch::Tensor& group : full) comm.all_reduce_sum(group);
+  if (!writer) return;
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  int64_t offset[2] = {0, 0};
+  for (const NamedParameter& p : params) {
+    const int kind = p.decay ? 0 : 1;
+    named.emplace_back(p.name, full[group_of_kind[kind]].narrow(0, offset[kind], p.tensor.numel()).view(p.tensor.sizes()));
+    offset[kind] += p.tensor.numel();
+  }
+  write_safetensors((dir / "model.safetensors").string(), named);
+  const std::string config = model.hf_config();
+  if (!config.empty()) write_file_atomically(dir / "config.json", config);
+}
+
+}  // namespace trainer

@@ -1,0 +1,21 @@
+// What a run writes when it ends besides metrics: memory.json, summary.json
+// and its consolidated weights (model.safetensors, config.json). All three
+// are collectives: every rank calls them, rank 0 (`writer`) writes.
+#pragma once
+
+#include <filesystem>
+
+#include "trainer/Comm.h"
+#include "trainer/Model.h"
+#include "trainer/Strategy.h"
+
+namespace trainer {
+
+void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, const std::filesystem::path& file,
+                         bool writer);
+void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const std::filesystem::path& file,
+                   bool writer, int64_t steps, int64_t applied_updates);
+void write_final_weights(Model& model, Strategy& strategy, Comm& comm, torch::Device device,
+                         const std::filesystem::path& dir, bool writer);
+
+}  // namespace trainer
