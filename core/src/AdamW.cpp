@@ -30,6 +30,15 @@ double squared_norm(const torch::Tensor& flat) {
   return flat.to(torch::kFloat64).square().sum().item<double>();
 }
 
+double sharded_norm(const std::vector<torch::Tensor>& owned, Comm& comm) {
+  double squares = 0.0;
+  for (const torch::Tensor& part : owned) squares += squared_norm(part);
+  if (comm.world_size() == 1 || owned.empty()) return std::sqrt(squares);
+  torch::Tensor total = torch::tensor({squares}, torch::kFloat64).to(owned.front().device());
+  comm.all_reduce_sum(total);
+  return std::sqrt(total.item<double>());
+}
+
 double clip_coefficient(double total_norm, double max_norm) {
   if (max_norm <= 0.0) return 1.0;
   return std::min(1.0, max_norm / (total_norm + 1e-6));

@@ -4,7 +4,11 @@
 
 #include <cstdint>
 
+#include <vector>
+
 #include <torch/types.h>
+
+#include "trainer/Comm.h"
 
 namespace trainer {
 
@@ -32,6 +36,11 @@ void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& 
 /// Sum of squares of a flat buffer, accumulated in fp64 and returned on the
 /// host. Strategies add these per buffer (and across ranks) to get the norm.
 double squared_norm(const torch::Tensor& flat);
+
+/// The L2 norm of a gradient sharded across ranks: each rank passes the
+/// parts it owns (disjoint across ranks, padding excluded); squares are
+/// summed in fp64 and all-reduced (contract, point 5). Collective.
+double sharded_norm(const std::vector<torch::Tensor>& owned, Comm& comm);
 
 /// torch.nn.utils.clip_grad_norm_'s coefficient: max_norm / (norm + 1e-6),
 /// capped at 1; 1 when max_norm <= 0 (clipping off).

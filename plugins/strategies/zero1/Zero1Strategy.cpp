@@ -72,7 +72,9 @@ class Zero1Strategy final : public Strategy {
         s.reduced.copy_(out);
       }
     }
-    return global_norm();
+    std::vector<torch::Tensor> owned;
+    for (const ShardedGroup& s : shards_) owned.push_back(s.reduced.narrow(0, 0, s.owned.numel));
+    return sharded_norm(owned, *comm_);
   }
 
   void apply_update(const UpdateArgs& args) override {
@@ -142,16 +144,6 @@ class Zero1Strategy final : public Strategy {
   }
 
  private:
-  // Sum of squares of every rank's owned shard, then across ranks: the norm
-  // of the whole gradient, padding excluded.
-  double global_norm() {
-    double squares = 0.0;
-    for (const ShardedGroup& s : shards_) squares += squared_norm(s.reduced.narrow(0, 0, s.owned.numel));
-    torch::Tensor total = torch::tensor({squares}, torch::kFloat64).to(groups_.front().values.device());
-    comm_->all_reduce_sum(total);
-    return std::sqrt(total.item<double>());
-  }
-
   torch::Dtype reduce_dtype_;
   Comm* comm_ = nullptr;
   AdamWConfig adamw_;

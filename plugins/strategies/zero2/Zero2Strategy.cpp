@@ -67,11 +67,9 @@ class Zero2Strategy final : public Strategy {
   }
 
   double reduce_gradients() override {
-    double squares = 0.0;
-    for (const ShardedGroup& s : shards_) squares += squared_norm(s.accumulated.narrow(0, 0, s.owned.numel));
-    torch::Tensor total = torch::tensor({squares}, torch::kFloat64).to(groups_.front().values.device());
-    comm_->all_reduce_sum(total);
-    return std::sqrt(total.item<double>());
+    std::vector<torch::Tensor> owned;
+    for (const ShardedGroup& s : shards_) owned.push_back(s.accumulated.narrow(0, 0, s.owned.numel));
+    return sharded_norm(owned, *comm_);
   }
 
   void apply_update(const UpdateArgs& args) override {
