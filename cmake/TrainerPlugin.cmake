@@ -3,11 +3,16 @@
 # Builds one plugin as a loadable module named trainer-<kind>-<name>.so into
 # build/lib/trainer/plugins (the directory the core searches by default) and
 # installs it into lib/trainer/plugins. TORCH marks a plugin whose sources
-# include LibTorch headers: it reuses the core's precompiled header.
+# include LibTorch headers: in this tree it reuses the core's precompiled
+# header. Against an installed SDK (find_package(trainer)) plugins land in
+# TRAINER_PLUGIN_OUTPUT_DIR, by default <build>/plugins.
 function(trainer_add_plugin target)
   cmake_parse_arguments(P "TORCH" "KIND;NAME" "SOURCES" ${ARGN})
   if(NOT P_KIND OR NOT P_NAME OR NOT P_SOURCES)
     message(FATAL_ERROR "trainer_add_plugin(${target}): KIND, NAME and SOURCES are required")
+  endif()
+  if(NOT TRAINER_PLUGIN_OUTPUT_DIR)
+    set(TRAINER_PLUGIN_OUTPUT_DIR "${CMAKE_BINARY_DIR}/plugins")
   endif()
   add_library(${target} MODULE ${P_SOURCES})
   target_link_libraries(${target} PRIVATE trainer::core)
