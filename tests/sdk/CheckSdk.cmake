@@ -12,7 +12,13 @@ function(step)
   set(output "${out}${err}" PARENT_SCOPE)
 endfunction()
 step(${CMAKE_COMMAND} --install "${BUILD}" --prefix "${prefix}")
-step(${CMAKE_COMMAND} -S "${SOURCE}/tests/sdk/example" -B "${example}" "-DCMAKE_PREFIX_PATH=${prefix};${PREFIX_PATH}")
+# Called directly: forwarding through step() would split the path list.
+execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE}/tests/sdk/example" -B "${example}"
+                        "-DCMAKE_PREFIX_PATH=${prefix};${PREFIX_PATH}"
+                RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT code EQUAL 0)
+  message(FATAL_ERROR "configuring the example against the SDK failed:\n${out}\n${err}")
+endif()
 step(${CMAKE_COMMAND} --build "${example}")
 step("${prefix}/bin/trainer" --plugin-dir "${example}/plugins" plugins)
 if(NOT output MATCHES "logger +print +1.0")
