@@ -14,5 +14,5 @@ sudo=""
 echo "setup: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 # A fresh machine may have stale package lists: refresh once if the install fails.
-$sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
-  { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }
+$sudo apt-get install -y -q "${missing[@]}" >/dev/null ||
+  { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q "${missing[@]}" >/dev/null; }
