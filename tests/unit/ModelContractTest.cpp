@@ -15,7 +15,9 @@ class ModelContract : public ::testing::Test {
  protected:
   void SetUp() override {
     registry_.discover({TRAINER_PLUGIN_DIR});
-    const std::string dir = testing::scratch_dir("ModelContract");
+    // One directory per test: ctest runs them in parallel.
+    const std::string dir = testing::scratch_dir(
+        std::string("ModelContract_") + ::testing::UnitTest::GetInstance()->current_test_info()->name());
     const std::string file = testing::write_file(
         dir + "/recipe.toml",
         "[model]\nname = 'qwen2'\nvocab_size = 32\nhidden_size = 16\nintermediate_size = 24\n"
