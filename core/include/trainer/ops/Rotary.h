@@ -1,0 +1,32 @@
+// Rotary position embeddings (RoPE) applied while splitting a fused q/k/v
+// projection into heads: one kernel on CUDA, a composite CPU path.
+#pragma once
+
+#include <cstdint>
+
+#include <torch/types.h>
+
+namespace trainer::ops {
+
+/// cos and sin of the rotation angles pos * theta^(-2i/d), [seq, head_dim/2],
+/// in fp32 (fp64 when `dtype` is fp64), as Hugging Face computes them.
+struct RotaryTables {
+  torch::Tensor cos, sin;
+  static RotaryTables make(int64_t seq, int64_t head_dim, double theta, torch::Dtype dtype, torch::Device device);
+};
+
+struct QkvHeads {
+  torch::Tensor q, k, v;  ///< [batch, seq, heads, head_dim] each, contiguous; q and k rotated
+};
+
+/// Splits `qkv` ([batch, seq, (heads + 2 kv_heads) * head_dim], q then k then
+/// v, last dimension contiguous) into heads and rotates q and k by position
+/// (Hugging Face's rotate_half convention: pairs (i, i + head_dim/2)).
+/// Differentiable in qkv; the backward writes the gradient of qkv in one pass.
+QkvHeads split_qkv_rotary(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads, const RotaryTables& tables);
+
+/// The CPU path on any device, for testing the CUDA kernel against it.
+QkvHeads split_qkv_rotary_reference(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,
+                                    const RotaryTables& tables);
+
+}  // namespace trainer::ops

@@ -1,0 +1,37 @@
+// Launchers of the project's own CUDA kernels (Rotary.cu, SwiGlu.cu). Plain
+// pointers and a stream: the kernels see no LibTorch header, so nvcc never
+// compiles LibTorch's headers. Built only where CUDA parts are on.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace trainer::ops::kernels {
+
+enum class Dtype { Float32, Float64, BFloat16 };
+
+/// Forward of split_qkv_rotary: reads rows of `qkv` ([tokens, (heads + 2 kv_heads) * head_dim],
+/// row stride `qkv_stride` elements), writes q, k (rotated) and v (copied), each contiguous
+/// [tokens, heads or kv_heads, head_dim]. `cos`, `sin`: [seq, head_dim / 2] in float
+/// (double for Float64); token r sits at position r % seq.
+void qkv_rotary_forward(Dtype dtype, const void* qkv, int64_t qkv_stride, void* q, void* k, void* v,
+                        const void* cos, const void* sin, int64_t tokens, int64_t seq, int heads, int kv_heads,
+                        int head_dim, cudaStream_t stream);
+
+/// Its backward: the inverse rotation of dq and dk and a copy of dv into the contiguous gradient of qkv.
+void qkv_rotary_backward(Dtype dtype, const void* dq, const void* dk, const void* dv, void* dqkv, const void* cos,
+                         const void* sin, int64_t tokens, int64_t seq, int heads, int kv_heads, int head_dim,
+                         cudaStream_t stream);
+
+/// silu(gate) * up over rows [gate | up] of width 2 * width; out: [rows, width].
+void swiglu_forward(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t width, cudaStream_t stream);
+
+/// Gradient of swiglu_forward into d_gate_up ([rows, 2 * width]) from d_out and the saved input.
+void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows,
+                     int64_t width, cudaStream_t stream);
+
+/// The CUDA error of the last launch as text, or nullptr when there was none.
+const char* last_error();
+
+}  // namespace trainer::ops::kernels

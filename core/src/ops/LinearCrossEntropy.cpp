@@ -1,0 +1,126 @@
+// linear_cross_entropy_sum: chunked logits, gradients formed in the forward
+// pass, an autograd function whose backward only scales them.
+//
+// Memory: the full [rows, vocab] logits never exist; per chunk of C rows
+// there are C x vocab logits in the compute dtype and their fp32 log-softmax
+// (the softmax gradient is written over it), about 1 GiB at most. What
+// lives from forward to backward: the hidden gradient [target rows, dim] and
+// the weight gradient [vocab, dim] in fp32.
+// Traffic per logit: the GEMM's write, log-softmax (read, write fp32),
+// exp into the compute dtype (read fp32, write), the two GEMMs' reads. The
+// composite form (fp32 logits, cross-entropy, its backward, a cast) moves
+// about three times as many bytes and keeps [rows, vocab] fp32 alive.
+#include "trainer/ops/LinearCrossEntropy.h"
+
+#include <algorithm>
+
+#include <torch/autograd.h>
+#include <torch/version.h>
+
+#include "Dispatch.h"
+#include "trainer/Model.h"
+
+namespace trainer::ops {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr int64_t kChunkBytes = int64_t(1) << 30;  // fp32 log-softmax of one chunk
+
+// into += a^T b, accumulated in into's dtype (fp32) from operands in the compute dtype.
+void add_transposed_product(torch::Tensor& into, const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.scalar_type() == into.scalar_type()) {
+    into.addmm_(a.t(), b);
+    return;
+  }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+  if (into.is_cuda()) {  // bf16 operands, fp32 accumulation inside the GEMM
+    at::addmm_out(into, into, a.t(), b, into.scalar_type());
+    return;
+  }
+#endif
+  into.add_(a.t().mm(b));
+}
+
+struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropyFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden, const torch::Tensor& weight,
+                               const torch::Tensor& labels, bool need_grad, int64_t chunk_rows) {
+    const auto acc = accumulate_dtype(hidden);
+    const bool narrow = hidden.scalar_type() != acc;  // logits in bf16, softmax in fp32
+    const int64_t rows = hidden.size(0), vocab = weight.size(0);
+    // Only target rows are computed; selecting them costs one host sync,
+    // which completion-only losses repay many times over.
+    const torch::Tensor valid = labels.ne(kIgnoreIndex);
+    const torch::Tensor index = valid.nonzero().squeeze(1);
+    const int64_t targets = index.size(0);
+    const bool all = targets == rows;
+    const torch::Tensor h = all ? hidden : hidden.index_select(0, index);
+    const torch::Tensor t = all ? labels : labels.index_select(0, index);
+    torch::Tensor loss = torch::zeros({}, hidden.options().dtype(acc));
+    torch::Tensor grad_h, grad_w;
+    if (need_grad) {
+      grad_h = torch::empty({targets, hidden.size(1)}, hidden.options());
+      grad_w = torch::zeros(weight.sizes(), weight.options().dtype(acc));
+    }
+    const int64_t chunk = chunk_rows > 0 ? chunk_rows : std::max<int64_t>(1, kChunkBytes / (vocab * 4));
+    for (int64_t start = 0; start < targets; start += chunk) {
+      const int64_t n = std::min(chunk, targets - start);
+      const torch::Tensor hc = h.narrow(0, start, n);
+      const torch::Tensor tc = t.narrow(0, start, n).unsqueeze(1);
+      // CUDA widens inside the softmax kernel; the CPU kernel cannot, so it gets a widened copy.
+      const torch::Tensor logits = hc.mm(weight.t());
+      const bool widen_inside = narrow && logits.is_cuda();
+      torch::Tensor logp = at::_log_softmax(widen_inside || !narrow ? logits : logits.to(acc), 1, widen_inside);
+      const torch::Tensor target_logp = logp.gather(1, tc);
+      loss.sub_(target_logp.sum());
+      if (!need_grad) continue;
+      // d loss_sum / d logits = softmax - one-hot, in the compute dtype; the
+      // target entries (p - 1) are formed in fp32 before rounding.
+      torch::Tensor g = narrow ? torch::empty_like(logp, hidden.scalar_type()) : logp;
+      at::exp_out(g, logp);
+      logp = torch::Tensor();
+      g.scatter_(1, tc, (target_logp.exp() - 1).to(g.scalar_type()));
+      torch::Tensor grad_rows = grad_h.narrow(0, start, n);
+      at::mm_out(grad_rows, g, weight);
+      add_transposed_product(grad_w, g, hc);
+    }
+    if (need_grad) {
+      ctx->saved_data["grad_h"] = grad_h;
+      ctx->saved_data["grad_w"] = grad_w;
+      ctx->saved_data["all"] = all;
+      ctx->saved_data["index"] = index;
+      ctx->saved_data["rows"] = rows;
+      ctx->saved_data["weight_dtype"] = weight.scalar_type();
+    }
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const torch::Tensor scale = grads[0];
+    const torch::Tensor grad_h = ctx->saved_data["grad_h"].toTensor();
+    const torch::Tensor grad_w = ctx->saved_data["grad_w"].toTensor();
+    const torch::Tensor index = ctx->saved_data["index"].toTensor();
+    // Scaled in fp32: a bf16 copy of the scale 1/N_t would bias every gradient.
+    torch::Tensor dh = (grad_h.to(scale.scalar_type()) * scale).to(grad_h.scalar_type());
+    if (!ctx->saved_data["all"].toBool()) {
+      dh = torch::zeros({ctx->saved_data["rows"].toInt(), grad_h.size(1)}, grad_h.options()).index_copy_(0, index, dh);
+    }
+    const torch::Tensor dw = (grad_w * scale).to(ctx->saved_data["weight_dtype"].toScalarType());
+    return {dh, dw, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor linear_cross_entropy_sum(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                       const torch::Tensor& labels, int64_t chunk_rows) {
+  TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && labels.dim() == 1 && labels.size(0) == hidden.size(0) &&
+                  weight.size(1) == hidden.size(1),
+              "linear_cross_entropy_sum: expected hidden [rows, dim], weight [vocab, dim], labels [rows]");
+  const bool need_grad = torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  return LinearCrossEntropyFunction::apply(hidden, weight, labels, need_grad, chunk_rows);
+}
+
+}  // namespace trainer::ops

@@ -1,0 +1,59 @@
+// swiglu: the autograd function around the CUDA kernels of SwiGlu.cu, and
+// the composite CPU path (which autograd differentiates).
+#include "trainer/ops/SwiGlu.h"
+
+#include <torch/autograd.h>
+
+#include "Dispatch.h"
+
+namespace trainer::ops {
+
+namespace {
+
+#ifdef TRAINER_CUDA_KERNELS
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate_up_in) {
+    const torch::Tensor gate_up = gate_up_in.contiguous();
+    const int64_t width = gate_up.size(-1) / 2;
+    std::vector<int64_t> sizes = gate_up.sizes().vec();
+    sizes.back() = width;
+    torch::Tensor out = torch::empty(sizes, gate_up.options());
+    kernels::swiglu_forward(kernel_dtype(gate_up), gate_up.data_ptr(), out.data_ptr(), gate_up.numel() / (2 * width),
+                            width, current_stream());
+    check_launch("swiglu_forward");
+    ctx->save_for_backward({gate_up});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const torch::Tensor gate_up = ctx->get_saved_variables()[0];
+    const torch::Tensor d_out = grads[0].contiguous();
+    const int64_t width = gate_up.size(-1) / 2;
+    torch::Tensor d_gate_up = torch::empty_like(gate_up);
+    kernels::swiglu_backward(kernel_dtype(gate_up), gate_up.data_ptr(), d_out.data_ptr(), d_gate_up.data_ptr(),
+                             gate_up.numel() / (2 * width), width, current_stream());
+    check_launch("swiglu_backward");
+    return {d_gate_up};
+  }
+};
+#endif
+
+}  // namespace
+
+torch::Tensor swiglu_reference(const torch::Tensor& gate_up) {
+  const int64_t width = gate_up.size(-1) / 2;
+  return torch::silu(gate_up.narrow(-1, 0, width)) * gate_up.narrow(-1, width, width);
+}
+
+torch::Tensor swiglu(const torch::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.size(-1) % 2 == 0, "swiglu: the last dimension must hold gate and up (even width)");
+#ifdef TRAINER_CUDA_KERNELS
+  if (use_kernels(gate_up)) return SwiGluFunction::apply(gate_up);
+#endif
+  return swiglu_reference(gate_up);
+}
+
+}  // namespace trainer::ops

@@ -1,0 +1,165 @@
+// The SDK's fused operations (trainer/ops) on the CPU against independent
+// composite forms in fp64: values and gradients. The CUDA kernels are held
+// to these CPU paths in tests/gpu/OpsGpuTest.cpp.
+#include <gtest/gtest.h>
+
+#include <torch/autograd.h>
+
+#include "trainer/Model.h"
+#include "trainer/ops/Linear.h"
+#include "trainer/ops/LinearCrossEntropy.h"
+#include "trainer/ops/Recompute.h"
+#include "trainer/ops/RmsNorm.h"
+#include "trainer/ops/Rotary.h"
+#include "trainer/ops/SwiGlu.h"
+
+namespace trainer {
+namespace {
+
+const auto kF64 = torch::TensorOptions().dtype(torch::kFloat64);
+
+double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a.to(torch::kFloat64) - b.to(torch::kFloat64)).norm() / b.to(torch::kFloat64).norm()).item<double>();
+}
+
+torch::Tensor leaf(torch::Tensor t) { return t.set_requires_grad(true); }
+
+// fp64 arithmetic: the same function by two routes agrees to ~1e-15; 1e-12 leaves room for summation order.
+constexpr double kFp64 = 1e-12;
+
+TEST(Ops, LinearCrossEntropySumMatchesCrossEntropyOfFullLogits) {
+  torch::manual_seed(0);
+  torch::Tensor labels = torch::randint(0, 37, {23}, torch::kInt64);
+  labels.index_put_({torch::tensor({1, 5, 6, 20})}, kIgnoreIndex);  // completion-only: some rows do not count
+  for (const int64_t chunk : {0, 1, 4, 100}) {
+    const torch::Tensor h = leaf(torch::randn({23, 16}, kF64)), w = leaf(torch::randn({37, 16}, kF64));
+    const torch::Tensor h2 = leaf(h.detach().clone()), w2 = leaf(w.detach().clone());
+    const torch::Tensor loss = ops::linear_cross_entropy_sum(h, w, labels, chunk);
+    const torch::Tensor expected =
+        at::cross_entropy_loss(torch::linear(h2, w2), labels, {}, at::Reduction::Sum, kIgnoreIndex);
+    EXPECT_LT(relative_error(loss, expected), kFp64) << "chunk " << chunk;
+    (loss / 7.0).backward();
+    (expected / 7.0).backward();
+    EXPECT_LT(relative_error(h.grad(), h2.grad()), kFp64) << "chunk " << chunk;
+    EXPECT_LT(relative_error(w.grad(), w2.grad()), kFp64) << "chunk " << chunk;
+    EXPECT_EQ(h.grad()[1].abs().sum().item<double>(), 0.0) << "an ignored row gets no gradient";
+  }
+}
+
+TEST(Ops, LinearCrossEntropySumInBf16StaysWithinBf16Rounding) {
+  torch::manual_seed(1);
+  const torch::Tensor labels = torch::randint(0, 50, {64}, torch::kInt64);
+  const torch::Tensor h = leaf(torch::randn({64, 32}).to(torch::kBFloat16));
+  const torch::Tensor w = leaf((torch::randn({50, 32}) * 0.3).to(torch::kBFloat16));
+  const torch::Tensor loss = ops::linear_cross_entropy_sum(h, w, labels, 16);
+  EXPECT_EQ(loss.scalar_type(), torch::kFloat32) << "the loss sum is fp32 whatever the compute dtype";
+  loss.backward();
+  const torch::Tensor h64 = leaf(h.detach().to(torch::kFloat64)), w64 = leaf(w.detach().to(torch::kFloat64));
+  const torch::Tensor expected = at::cross_entropy_loss(torch::linear(h64, w64), labels, {}, at::Reduction::Sum);
+  expected.backward();
+  // bf16 logits (8 significant bits, relative rounding 2^-9 ~ 2e-3) feed an
+  // fp32 softmax: the loss and gradients carry errors of that order.
+  EXPECT_LT(relative_error(loss, expected), 1e-2);
+  EXPECT_LT(relative_error(h.grad(), h64.grad()), 2e-2);
+  EXPECT_LT(relative_error(w.grad(), w64.grad()), 2e-2);
+}
+
+TEST(Ops, StackedLinearEqualsSeparateLinearsWithOrWithoutAdjacentStorage) {
+  torch::manual_seed(2);
+  const torch::Tensor flat = torch::randn({(6 + 2 + 2) * 5 + 10}, kF64);
+  for (const bool adjacent : {true, false}) {
+    std::vector<torch::Tensor> w, b;
+    int64_t at = 0;
+    for (const int64_t rows : {6, 2, 2}) {
+      torch::Tensor p = adjacent ? flat.narrow(0, at, rows * 5).view({rows, 5}) : torch::randn({rows, 5}, kF64);
+      at += rows * 5;
+      w.push_back(leaf(p.detach()));
+      b.push_back(leaf(torch::randn({rows}, kF64)));
+    }
+    if (adjacent) {  // leaves that are views of one buffer, as flat parameter groups make them
+      torch::Tensor storage = torch::randn({50}, kF64);
+      for (size_t i = 0, offset = 0; i < w.size(); offset += w[i].numel(), ++i) {
+        torch::NoGradGuard no_grad;
+        w[i].set_data(storage.narrow(0, offset, w[i].numel()).view(w[i].sizes()));
+      }
+    }
+    const torch::Tensor x = leaf(torch::randn({3, 4, 5}, kF64));
+    const torch::Tensor y = ops::linear(x, w, b);
+    std::vector<torch::Tensor> w2, b2;
+    for (size_t i = 0; i < w.size(); ++i) {
+      w2.push_back(leaf(w[i].detach().clone()));
+      b2.push_back(leaf(b[i].detach().clone()));
+    }
+    const torch::Tensor x2 = leaf(x.detach().clone());
+    const torch::Tensor y2 =
+        torch::cat({torch::linear(x2, w2[0], b2[0]), torch::linear(x2, w2[1], b2[1]), torch::linear(x2, w2[2], b2[2])},
+                   -1);
+    EXPECT_LT(relative_error(y, y2), kFp64);
+    const torch::Tensor g = torch::randn(y.sizes(), kF64);
+    y.backward(g);
+    y2.backward(g);
+    EXPECT_LT(relative_error(x.grad(), x2.grad()), kFp64);
+    for (size_t i = 0; i < w.size(); ++i) {
+      EXPECT_LT(relative_error(w[i].grad(), w2[i].grad()), kFp64) << "weight " << i << (adjacent ? " (view)" : "");
+      EXPECT_LT(relative_error(b[i].grad(), b2[i].grad()), kFp64) << "bias " << i;
+    }
+  }
+}
+
+// Hugging Face's form: x * cos + rotate_half(x) * sin with tables of the full head width.
+torch::Tensor hf_rotary(const torch::Tensor& x /*[b, t, h, d]*/, double theta) {
+  const int64_t t = x.size(1), d = x.size(3);
+  const torch::Tensor inv_freq = 1.0 / torch::pow(theta, torch::arange(0, d, 2, kF64) / d);
+  const torch::Tensor freqs = torch::outer(torch::arange(t, kF64), inv_freq);
+  const torch::Tensor angles = torch::cat({freqs, freqs}, -1).view({1, t, 1, d});
+  const torch::Tensor rotated = torch::cat({-x.narrow(-1, d / 2, d / 2), x.narrow(-1, 0, d / 2)}, -1);
+  return x * angles.cos() + rotated * angles.sin();
+}
+
+TEST(Ops, SplitQkvRotaryMatchesHuggingFacesRotateHalf) {
+  torch::manual_seed(3);
+  const int64_t b = 2, t = 7, heads = 4, kv = 2, d = 6;
+  const torch::Tensor qkv = torch::randn({b, t, (heads + 2 * kv) * d}, kF64);
+  const auto tables = ops::RotaryTables::make(t, d, 10000.0, torch::kFloat64, torch::kCPU);
+  const ops::QkvHeads out = ops::split_qkv_rotary(qkv, heads, kv, tables);
+  const torch::Tensor q = qkv.narrow(-1, 0, heads * d).reshape({b, t, heads, d});
+  const torch::Tensor k = qkv.narrow(-1, heads * d, kv * d).reshape({b, t, kv, d});
+  const torch::Tensor v = qkv.narrow(-1, (heads + kv) * d, kv * d).reshape({b, t, kv, d});
+  EXPECT_LT(relative_error(out.q, hf_rotary(q, 10000.0)), kFp64);
+  EXPECT_LT(relative_error(out.k, hf_rotary(k, 10000.0)), kFp64);
+  EXPECT_TRUE(torch::equal(out.v, v));
+}
+
+TEST(Ops, SwiGluIsSiluOfGateTimesUp) {
+  torch::manual_seed(4);
+  const torch::Tensor x = torch::randn({3, 5, 8}, kF64);
+  const torch::Tensor gate = x.narrow(-1, 0, 4), up = x.narrow(-1, 4, 4);
+  EXPECT_LT(relative_error(ops::swiglu(x), gate / (1 + torch::exp(-gate)) * up), kFp64);
+}
+
+TEST(Ops, RmsNormMatchesItsDefinition) {
+  torch::manual_seed(5);
+  const torch::Tensor x = torch::randn({4, 9}, kF64), w = torch::randn({9}, kF64);
+  const torch::Tensor expected = w * x / torch::sqrt(x.square().mean(-1, true) + 1e-6);
+  EXPECT_LT(relative_error(ops::rms_norm(x, w, 1e-6), expected), kFp64);
+}
+
+TEST(Ops, RecomputeGivesTheSameGradientsBitForBit) {
+  torch::manual_seed(6);
+  const torch::Tensor w = leaf(torch::randn({8, 8})), bias = leaf(torch::randn({8}));
+  auto block = [&](const torch::Tensor& x) { return x + torch::tanh(torch::linear(x, w, bias)) * 0.5; };
+  const torch::Tensor input = torch::randn({5, 8});
+  std::vector<torch::Tensor> grads[2];
+  for (const bool checkpointed : {false, true}) {
+    const torch::Tensor x = leaf(input.clone());
+    const torch::Tensor y = checkpointed ? ops::recompute(block, ops::recompute(block, x)) : block(block(x));
+    y.square().sum().backward();
+    grads[checkpointed] = {x.grad().clone(), w.grad().clone(), bias.grad().clone()};
+    w.mutable_grad().reset();
+    bias.mutable_grad().reset();
+  }
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(grads[0][i], grads[1][i])) << "gradient " << i;
+}
+
+}  // namespace
+}  // namespace trainer
