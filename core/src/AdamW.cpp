@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <torch/version.h>
+
 namespace trainer {
 
 AdamWState adamw_init(const torch::Tensor& like) {
@@ -11,8 +13,21 @@ AdamWState adamw_init(const torch::Tensor& like) {
 }
 
 void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& state,
-                  const AdamWConfig& config, bool decay, double lr, int64_t step) {
+                  const AdamWConfig& config, bool decay, double lr, int64_t step, double grad_scale) {
   torch::NoGradGuard no_grad;
+#if TORCH_VERSION_MAJOR >= 2
+  if (params.is_cuda() && params.scalar_type() == torch::kFloat32) {
+    // The kernel divides gradients by its grad_scale (made for loss scaling).
+    c10::optional<torch::Tensor> unscale;
+    if (grad_scale != 1.0) unscale = torch::full({}, 1.0 / grad_scale, params.options());
+    const torch::Tensor step_count = torch::full({}, static_cast<double>(step), params.options());
+    at::_fused_adamw_({params}, {grads}, {state.exp_avg}, {state.exp_avg_sq}, {}, {step_count}, lr, config.beta1,
+                      config.beta2, decay ? config.weight_decay : 0.0, config.eps, /*amsgrad=*/false,
+                      /*maximize=*/false, unscale, /*found_inf=*/c10::nullopt);
+    return;
+  }
+#endif
+  if (grad_scale != 1.0) grads.mul_(grad_scale);
   // The order of operations is torch.optim.AdamW's single-tensor path, so
   // that a PyTorch reference run differs only by rounding of fused kernels.
   if (decay && config.weight_decay != 0.0) params.mul_(1.0 - lr * config.weight_decay);
@@ -27,7 +42,17 @@ void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& 
 
 double squared_norm(const torch::Tensor& flat) {
   torch::NoGradGuard no_grad;
-  return flat.to(torch::kFloat64).square().sum().item<double>();
+  constexpr int64_t kChunk = int64_t(1) << 16;
+  const torch::Tensor all = flat.reshape({-1});
+  const int64_t whole = all.numel() / kChunk * kChunk;
+  torch::Tensor squares = torch::zeros({}, all.options().dtype(torch::kFloat64));
+  if (whole > 0) {
+    squares += at::linalg_vector_norm(all.narrow(0, 0, whole).view({-1, kChunk}), 2, {1}).to(torch::kFloat64)
+                   .square()
+                   .sum();
+  }
+  if (whole < all.numel()) squares += all.narrow(0, whole, all.numel() - whole).to(torch::kFloat64).square().sum();
+  return squares.item<double>();
 }
 
 double sharded_norm(const std::vector<torch::Tensor>& owned, Comm& comm) {

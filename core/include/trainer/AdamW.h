@@ -29,12 +29,20 @@ AdamWState adamw_init(const torch::Tensor& like);
 
 /// One AdamW update of `params` in place, with torch.optim.AdamW's
 /// arithmetic: decoupled decay p *= 1 - lr*wd (only when `decay`), moments,
-/// bias correction by `step` (1-based). `grads` is read, not modified.
+/// bias correction by `step` (1-based), on the gradient times `grad_scale`
+/// (the clipping coefficient). `grads` may be scaled in place. fp32 on CUDA
+/// (LibTorch 2.x): one fused pass (torch's fused AdamW kernel) reading
+/// parameters, gradients and moments once; elsewhere torch.optim.AdamW's
+/// single-tensor sequence of operations. Elementwise either way, so any
+/// slicing of a buffer into shards gives the same bits.
 void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& state,
-                  const AdamWConfig& config, bool decay, double lr, int64_t step);
+                  const AdamWConfig& config, bool decay, double lr, int64_t step, double grad_scale = 1.0);
 
-/// Sum of squares of a flat buffer, accumulated in fp64 and returned on the
-/// host. Strategies add these per buffer (and across ranks) to get the norm.
+/// Sum of squares of a flat buffer, returned on the host: fp32 sums over
+/// fixed chunks of 2^16 elements added in fp64 (no fp64 copy of the buffer;
+/// relative error ~1e-7). The chunking depends only on the buffer, so equal
+/// buffers give equal bits. Strategies add these per buffer (and across
+/// ranks) to get the norm.
 double squared_norm(const torch::Tensor& flat);
 
 /// The L2 norm of a gradient sharded across ranks: each rank passes the
