@@ -98,8 +98,10 @@ MicroBatch collate(const Dataset& dataset, const std::string& dataset_name, cons
     }
     micro.input_tokens += n - 1;
   }
-  micro.batch.input_ids = inputs.to(device);
-  micro.batch.labels = labels.to(device);
+  // Pinned host memory lets the copies run asynchronously with the GPU's work.
+  const bool pinned = device.is_cuda();
+  micro.batch.input_ids = (pinned ? inputs.pin_memory() : inputs).to(device, /*non_blocking=*/pinned);
+  micro.batch.labels = (pinned ? labels.pin_memory() : labels).to(device, /*non_blocking=*/pinned);
   return micro;
 }
 
@@ -278,16 +280,21 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
       local_counts[0] += micro.batch.target_tokens;
       local_counts[1] += micro.input_tokens;
     }
-    torch::Tensor counts = torch::tensor({local_counts[0], local_counts[1]}, torch::kInt64).to(device);
-    comm->all_reduce_sum(counts);
-    const int64_t target_tokens = counts[0].item<int64_t>();
+    // Counted on the host; only several ranks need a collective (and a sync).
+    if (comm->world_size() > 1) {
+      torch::Tensor counts = torch::tensor({local_counts[0], local_counts[1]}, torch::kInt64).to(device);
+      comm->all_reduce_sum(counts);
+      local_counts[0] = counts[0].item<int64_t>();
+      local_counts[1] = counts[1].item<int64_t>();
+    }
+    const int64_t target_tokens = local_counts[0];
 
     StepRecord record;
     record.step = step + 1;
     record.lr = schedule.at(step);
     record.target_tokens = target_tokens;
     record.samples = global_batch_size;
-    record.input_tokens = counts[1].item<int64_t>();
+    record.input_tokens = local_counts[1];
     if (target_tokens == 0) {  // contract, point 7: skip, never divide by zero
       log::warn(fmt::format("step {}: the global batch has no target tokens; update skipped", step + 1));
       record.skipped = true;

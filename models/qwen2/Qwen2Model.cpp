@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 
@@ -17,6 +18,12 @@
 #include "trainer/Model.h"
 #include "trainer/Safetensors.h"
 #include "trainer/TorchCompat.h"
+#include "trainer/ops/Linear.h"
+#include "trainer/ops/LinearCrossEntropy.h"
+#include "trainer/ops/Recompute.h"
+#include "trainer/ops/RmsNorm.h"
+#include "trainer/ops/Rotary.h"
+#include "trainer/ops/SwiGlu.h"
 
 namespace {
 
@@ -37,21 +44,10 @@ struct Layer {
   Tensor input_norm, post_attention_norm;
 };
 
-// Hugging Face's Qwen2RMSNorm: normalise in at least fp32, scale in the input dtype.
-Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
-  const Tensor wide = x.scalar_type() == torch::kFloat64 ? x : x.to(torch::kFloat32);
-  const Tensor normed = wide * torch::rsqrt(wide.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight * normed.to(x.scalar_type());
-}
-
-Tensor rotate_half(const Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
-
 class Qwen2Model final : public Model {
  public:
-  Qwen2Model(const Options& options, const Context& context) : config_(read_config(options)) {
+  Qwen2Model(const Options& options, const Context& context)
+      : config_(read_config(options)), checkpointing_(options.text("activation_checkpointing") == "full") {
     at::Generator generator = compat::cpu_generator(context.seed);
     const Config& c = config_;
     const int64_t kv = c.num_kv_heads * c.head_dim();
@@ -107,49 +103,17 @@ class Qwen2Model final : public Model {
   int64_t vocab_size() const override { return config_.vocab_size; }
 
   LossSum forward(const Batch& batch) override {
-    const int64_t b = batch.input_ids.size(0), t = batch.input_ids.size(1);
-    Tensor scores = logits(batch.input_ids).view({b * t, config_.vocab_size});
-    if (scores.scalar_type() != torch::kFloat64) scores = scores.to(torch::kFloat32);  // the loss is summed in fp32
-    const Tensor loss_sum = at::cross_entropy_loss(scores, batch.labels.view({b * t}), /*weight=*/{},
-                                                   at::Reduction::Sum, kIgnoreIndex);
+    const int64_t rows = batch.input_ids.numel();
+    // The head and the loss in one op: no full logits, the loss *sum*.
+    const Tensor loss_sum = run(batch.input_ids, [&](const Tensor& x) {
+      return ops::linear_cross_entropy_sum(x.reshape({rows, config_.hidden_size}), lm_head_,
+                                           batch.labels.reshape({rows}));
+    });
     return LossSum{loss_sum, batch.target_tokens};
   }
 
   Tensor logits(const Tensor& input_ids) override {
-    const Config& c = config_;
-    const int64_t b = input_ids.size(0), t = input_ids.size(1), d = c.head_dim();
-    // Units: the embedding, each block, the head. Tied embeddings put the
-    // head into the embedding's unit, which then stays entered until the end.
-    const bool tied = c.tie_word_embeddings;
-    enter_unit(0);
-    Tensor x = torch::embedding(embed_, input_ids);
-    if (!tied) x = leave_unit(0, x);
-    const auto [cos, sin] = rotary_tables(t, x);
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      const Layer& l = layers_[i];
-      enter_unit(i + 1);
-      const Tensor h = rms_norm(x, l.input_norm, c.rms_norm_eps);
-      Tensor q = torch::linear(h, l.q_weight, l.q_bias).view({b, t, c.num_heads, d}).transpose(1, 2);
-      Tensor k = torch::linear(h, l.k_weight, l.k_bias).view({b, t, c.num_kv_heads, d}).transpose(1, 2);
-      Tensor v = torch::linear(h, l.v_weight, l.v_bias).view({b, t, c.num_kv_heads, d}).transpose(1, 2);
-      q = q * cos + rotate_half(q) * sin;
-      k = k * cos + rotate_half(k) * sin;
-      const int64_t groups = c.num_heads / c.num_kv_heads;  // grouped-query attention
-      if (groups > 1) {
-        k = k.repeat_interleave(groups, 1);
-        v = v.repeat_interleave(groups, 1);
-      }
-      const Tensor attention = compat::causal_attention(q, k, v).transpose(1, 2).reshape({b, t, c.hidden_size});
-      x = x + torch::linear(attention, l.o_weight);
-      const Tensor m = rms_norm(x, l.post_attention_norm, c.rms_norm_eps);
-      x = x + torch::linear(torch::silu(torch::linear(m, l.gate_weight)) * torch::linear(m, l.up_weight),
-                            l.down_weight);
-      x = leave_unit(i + 1, x);
-    }
-    const size_t head = tied ? 0 : layers_.size() + 1;
-    if (!tied) enter_unit(head);
-    x = rms_norm(x, final_norm_, c.rms_norm_eps);
-    return leave_unit(head, torch::linear(x, lm_head_));
+    return run(input_ids, [&](const Tensor& x) { return torch::linear(x, lm_head_); });
   }
 
   std::string hf_config() const override {
@@ -165,6 +129,56 @@ class Qwen2Model final : public Model {
   }
 
  private:
+  // Embedding, blocks, final norm, then `head` on the normed hidden states.
+  // Units: the embedding, each block, the head. Tied embeddings put the head
+  // into the embedding's unit, which then stays entered until the end.
+  Tensor run(const Tensor& input_ids, const std::function<Tensor(const Tensor&)>& head) {
+    const Config& c = config_;
+    const bool tied = c.tie_word_embeddings;
+    enter_unit(0);
+    Tensor x = torch::embedding(embed_, input_ids);
+    if (!tied) x = leave_unit(0, x);
+    const ops::RotaryTables& tables = rotary_tables(input_ids.size(1), x);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      enter_unit(i + 1);
+      auto step = [this, i, &tables](const Tensor& input) { return block(layers_[i], tables, input); };
+      x = checkpointing_ ? ops::recompute(step, x) : step(x);
+      x = leave_unit(i + 1, x);
+    }
+    const size_t unit = tied ? 0 : layers_.size() + 1;
+    if (!tied) enter_unit(unit);
+    return leave_unit(unit, head(ops::rms_norm(x, final_norm_, c.rms_norm_eps)));
+  }
+
+  // One decoder block: q/k/v as one GEMM (the projections lie back to back
+  // in the flat parameter buffers), RoPE fused into the split into heads,
+  // grouped-query attention without repeating k/v, gate/up as one GEMM and
+  // a fused SwiGLU.
+  Tensor block(const Layer& l, const ops::RotaryTables& tables, const Tensor& x) const {
+    const Config& c = config_;
+    const int64_t b = x.size(0), t = x.size(1);
+    const Tensor h = ops::rms_norm(x, l.input_norm, c.rms_norm_eps);
+    const Tensor qkv = ops::linear(h, {l.q_weight, l.k_weight, l.v_weight}, {l.q_bias, l.k_bias, l.v_bias});
+    const ops::QkvHeads heads = ops::split_qkv_rotary(qkv, c.num_heads, c.num_kv_heads, tables);
+    const Tensor attention = compat::causal_attention(heads.q.transpose(1, 2), heads.k.transpose(1, 2),
+                                                      heads.v.transpose(1, 2))
+                                 .transpose(1, 2)
+                                 .reshape({b, t, c.hidden_size});
+    const Tensor y = x + torch::linear(attention, l.o_weight);
+    const Tensor m = ops::rms_norm(y, l.post_attention_norm, c.rms_norm_eps);
+    return y + torch::linear(ops::swiglu(ops::linear(m, {l.gate_weight, l.up_weight})), l.down_weight);
+  }
+
+  // Built once per sequence length, device and dtype, reused by every block and step.
+  const ops::RotaryTables& rotary_tables(int64_t t, const Tensor& x) {
+    const auto dtype = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+    if (!tables_.cos.defined() || tables_.cos.size(0) != t || tables_.cos.device() != x.device() ||
+        tables_.cos.scalar_type() != dtype) {
+      tables_ = ops::RotaryTables::make(t, config_.head_dim(), config_.rope_theta, dtype, x.device());
+    }
+    return tables_;
+  }
+
   static Config read_config(const Options& o) {
     Config c{o.integer("vocab_size"), o.integer("hidden_size"), o.integer("intermediate_size"),
              o.integer("num_hidden_layers"), o.integer("num_attention_heads"), o.integer("num_key_value_heads"),
@@ -293,19 +307,6 @@ class Qwen2Model final : public Model {
     return files;
   }
 
-  // cos and sin of Hugging Face's rotary embedding, [1, 1, t, head_dim], in x's dtype.
-  std::pair<Tensor, Tensor> rotary_tables(int64_t t, const Tensor& x) const {
-    const int64_t d = config_.head_dim();
-    // Hugging Face computes the tables in fp32; an fp64 reference gets fp64.
-    const auto type = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-    const auto wide = torch::TensorOptions().dtype(type).device(x.device());
-    const Tensor inv_freq =
-        1.0 / torch::pow(config_.rope_theta, torch::arange(0, d, 2, wide.dtype(torch::kInt64)).to(type) / d);
-    const Tensor freqs = torch::outer(torch::arange(t, wide), inv_freq);
-    const Tensor angles = torch::cat({freqs, freqs}, -1).view({1, 1, t, d});
-    return {angles.cos().to(x.scalar_type()), angles.sin().to(x.scalar_type())};
-  }
-
   Tensor add(const std::string& name, Tensor tensor, bool decay) {
     tensor.set_requires_grad(true);
     parameters_.push_back(NamedParameter{name, tensor, decay});
@@ -319,6 +320,8 @@ class Qwen2Model final : public Model {
   Tensor ones(const std::string& name, at::IntArrayRef shape) { return add(name, torch::ones(shape), false); }
 
   Config config_;
+  bool checkpointing_;
+  ops::RotaryTables tables_;
   std::vector<NamedParameter> parameters_;
   Tensor embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
@@ -337,6 +340,8 @@ constexpr KeySpec kKeys[] = {
     {"tie_word_embeddings", ValueType::Bool, "false", "lm_head shares the embedding matrix"},
     {"max_position_embeddings", ValueType::Int, "32768", "longest sequence (recorded in exported config.json)", 1, 1 << 30},
     {"hf_dir", ValueType::String, "''", "a Hugging Face Qwen2 directory: config.json sets the sizes, safetensors the weights"},
+    {"activation_checkpointing", ValueType::String, "'none'",
+     "'full' recomputes each block in backward, keeping only its input", -kNoLimit, kNoLimit, "none|full"},
     {"init_from", ValueType::String, "''", "a .safetensors file with weights to start from (Hugging Face names)"},
 };
 

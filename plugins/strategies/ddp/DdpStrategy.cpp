@@ -25,7 +25,6 @@ using namespace trainer;
 
 struct Bucket {
   torch::Tensor grads;    // a contiguous view of one group's flat fp32 gradient buffer
-  torch::Tensor compute;  // the same range of the bf16 gradient autograd writes (bf16 compute only)
   int parameters = 0;   // how many parameters' gradients it holds
   int ready = 0;        // of those, final in this step's last backward
   std::unique_ptr<CommWork> work;
@@ -45,12 +44,12 @@ class DdpStrategy final : public Strategy {
     adamw_ = env.adamw;
     groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/1, torch::kFloat32, env.compute_dtype);
     for (ParameterGroup& group : groups_) {
-      // In fp32, autograd adds each micro-step's gradient into this buffer in
-      // place. In bf16, autograd writes a bf16 buffer that is added into the
-      // fp32 one after every micro-step, so accumulation error stays fp32's.
+      // Autograd adds each micro-step's gradient into this fp32 buffer in
+      // place, also for bf16 parameters (their gradient is widened exactly
+      // as it is added), so accumulation error stays fp32's and no bf16
+      // gradient buffer exists.
       grads_.push_back(torch::zeros_like(group.values));
-      compute_grads_.push_back(separate_compute(group) ? torch::zeros_like(group.compute) : grads_.back());
-      bind_gradients(group, compute_grads_.back());
+      bind_gradients(group, grads_.back());
       states_.push_back(adamw_init(group.values));
     }
     build_buckets();
@@ -62,9 +61,6 @@ class DdpStrategy final : public Strategy {
     armed_ = overlap_ && micro.is_last && comm_->world_size() > 1;
     loss.backward();
     armed_ = false;
-    for (Bucket& bucket : buckets_) {
-      if (!bucket.work) fold(bucket);  // buckets already reduced were folded by their hook
-    }
   }
 
   double reduce_gradients() override {
@@ -91,8 +87,8 @@ class DdpStrategy final : public Strategy {
   void apply_update(const UpdateArgs& args) override {
     torch::NoGradGuard no_grad;
     for (size_t g = 0; g < groups_.size(); ++g) {
-      if (args.grad_scale != 1.0) grads_[g].mul_(args.grad_scale);
-      adamw_update(groups_[g].values, grads_[g], states_[g], adamw_, groups_[g].decay, args.lr, args.adam_step);
+      adamw_update(groups_[g].values, grads_[g], states_[g], adamw_, groups_[g].decay, args.lr, args.adam_step,
+                   args.grad_scale);
       sync_compute(groups_[g]);
     }
     discard_gradients();
@@ -109,7 +105,7 @@ class DdpStrategy final : public Strategy {
       const int64_t bytes = group.values.numel() * 4;
       const bool separate = separate_compute(group);
       report.parameter_bytes += group.compute.numel() * group.compute.element_size();
-      report.gradient_bytes += bytes + (separate ? compute_grads_[g].numel() * compute_grads_[g].element_size() : 0);
+      report.gradient_bytes += bytes;
       report.optimizer_bytes += 2 * bytes + (separate ? bytes : 0);  // moments, and master weights if separate
     }
     return report;
@@ -174,18 +170,9 @@ class DdpStrategy final : public Strategy {
     }
   }
 
-  // bf16 compute: adds the micro-step's bf16 gradient into the fp32 one.
-  void fold(Bucket& bucket) {
-    if (!bucket.compute.defined()) return;
-    torch::NoGradGuard no_grad;
-    bucket.grads.add_(bucket.compute);
-    bucket.compute.zero_();
-  }
-
   void add_bucket(size_t group, int64_t begin, int64_t end, int count) {
     Bucket bucket;
     bucket.grads = grads_[group].narrow(0, begin, end - begin);
-    if (separate_compute(groups_[group])) bucket.compute = compute_grads_[group].narrow(0, begin, end - begin);
     bucket.parameters = count;
     buckets_.push_back(std::move(bucket));
   }
@@ -196,7 +183,6 @@ class DdpStrategy final : public Strategy {
     std::lock_guard<std::mutex> lock(mutex_);
     Bucket& bucket = buckets_[index];
     if (++bucket.ready == bucket.parameters && !bucket.work) {
-      fold(bucket);
       bucket.work = comm_->all_reduce_sum_async(bucket.grads);
     }
   }
@@ -208,8 +194,7 @@ class DdpStrategy final : public Strategy {
   Comm* comm_ = nullptr;
   AdamWConfig adamw_;
   std::vector<ParameterGroup> groups_;
-  std::vector<torch::Tensor> grads_;          // fp32 accumulators
-  std::vector<torch::Tensor> compute_grads_;  // what autograd writes: grads_ itself in fp32, bf16 otherwise
+  std::vector<torch::Tensor> grads_;  // fp32 accumulators, bound as the parameters' .grad
   std::vector<AdamWState> states_;
   std::vector<Bucket> buckets_;
   std::map<const void*, size_t> bucket_of_;

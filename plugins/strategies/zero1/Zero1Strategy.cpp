@@ -20,8 +20,7 @@ using namespace trainer;
 struct ShardedGroup {
   Shard shard;           // this rank's slice of the padded buffer
   Shard owned;           // its real elements (padding excluded)
-  torch::Tensor grads;   // full fp32 gradient buffer
-  torch::Tensor compute; // what autograd writes: `grads` itself in fp32, a bf16 buffer in bf16
+  torch::Tensor grads;   // full fp32 gradient buffer, bound as the parameters' .grad (bf16 ones too)
   torch::Tensor reduced; // this rank's shard of the summed gradient
   AdamWState state;      // of the owned elements only
 };
@@ -41,8 +40,7 @@ class Zero1Strategy final : public Strategy {
       s.shard = shard_of(group.padded_numel, comm.rank(), comm.world_size());
       s.owned = unpadded(group, s.shard);
       s.grads = torch::zeros_like(group.values);
-      s.compute = separate_compute(group) ? torch::zeros_like(group.compute) : s.grads;
-      bind_gradients(group, s.compute);
+      bind_gradients(group, s.grads);
       s.reduced = torch::zeros({s.shard.numel}, group.values.options());
       s.state = adamw_init(group.values.narrow(0, s.owned.offset, s.owned.numel));
       shards_.push_back(std::move(s));
@@ -52,13 +50,7 @@ class Zero1Strategy final : public Strategy {
   void begin_step(const StepPlan&) override {}
 
   void backward(const torch::Tensor& loss, const MicroStep&) override {
-    loss.backward();
-    torch::NoGradGuard no_grad;
-    for (ShardedGroup& s : shards_) {
-      if (s.compute.is_same(s.grads)) continue;
-      s.grads.add_(s.compute);  // bf16 micro-step gradient into the fp32 accumulator
-      s.compute.zero_();
-    }
+    loss.backward();  // autograd adds into the fp32 buffers, bf16 gradients widened exactly
   }
 
   double reduce_gradients() override {
@@ -82,9 +74,8 @@ class Zero1Strategy final : public Strategy {
     for (size_t g = 0; g < groups_.size(); ++g) {
       ShardedGroup& s = shards_[g];
       torch::Tensor grads = s.reduced.narrow(0, 0, s.owned.numel);
-      if (args.grad_scale != 1.0) grads.mul_(args.grad_scale);
       adamw_update(groups_[g].values.narrow(0, s.owned.offset, s.owned.numel), grads, s.state, adamw_,
-                   groups_[g].decay, args.lr, args.adam_step);
+                   groups_[g].decay, args.lr, args.adam_step, args.grad_scale);
       comm_->all_gather(groups_[g].values.narrow(0, s.shard.offset, s.shard.numel), groups_[g].values);
       sync_compute(groups_[g]);
     }
@@ -100,8 +91,7 @@ class Zero1Strategy final : public Strategy {
     for (size_t g = 0; g < groups_.size(); ++g) {
       const bool separate = separate_compute(groups_[g]);
       report.parameter_bytes += groups_[g].compute.numel() * groups_[g].compute.element_size();
-      report.gradient_bytes += (shards_[g].grads.numel() + shards_[g].reduced.numel()) * 4 +
-                               (separate ? shards_[g].compute.numel() * shards_[g].compute.element_size() : 0);
+      report.gradient_bytes += (shards_[g].grads.numel() + shards_[g].reduced.numel()) * 4;
       // moments of the shard, and the fp32 master weights when parameters compute in bf16
       report.optimizer_bytes += 2 * shards_[g].owned.numel * 4 + (separate ? groups_[g].values.numel() * 4 : 0);
     }

@@ -48,17 +48,17 @@ class Zero2Strategy final : public Strategy {
   void begin_step(const StepPlan&) override {}
 
   void backward(const torch::Tensor& loss, const MicroStep&) override {
-    // A full gradient buffer, and its reduced shard, for this micro-step only.
+    // A full fp32 gradient buffer, and its reduced shard, for this micro-step
+    // only (bf16 gradients are widened exactly as autograd adds them).
     std::vector<torch::Tensor> full;
     for (ParameterGroup& group : groups_) {
-      full.push_back(torch::zeros_like(group.compute));
+      full.push_back(torch::zeros_like(group.values));
       bind_gradients(group, full.back());
     }
     loss.backward();
     torch::NoGradGuard no_grad;
     for (size_t g = 0; g < groups_.size(); ++g) {
-      // Reduced in reduce_dtype (fp32 by default: a bf16 gradient is widened
-      // exactly), then added into the fp32 accumulator.
+      // Reduced in reduce_dtype (fp32 by default), then added into the fp32 accumulator.
       torch::Tensor reduced = torch::empty_like(shards_[g].accumulated, reduce_dtype_);
       comm_->reduce_scatter_sum(full[g].to(reduce_dtype_), reduced);
       shards_[g].accumulated.add_(reduced);
@@ -77,9 +77,8 @@ class Zero2Strategy final : public Strategy {
     for (size_t g = 0; g < groups_.size(); ++g) {
       ShardedGroup& s = shards_[g];
       torch::Tensor grads = s.accumulated.narrow(0, 0, s.owned.numel);
-      if (args.grad_scale != 1.0) grads.mul_(args.grad_scale);
       adamw_update(groups_[g].values.narrow(0, s.owned.offset, s.owned.numel), grads, s.state, adamw_,
-                   groups_[g].decay, args.lr, args.adam_step);
+                   groups_[g].decay, args.lr, args.adam_step, args.grad_scale);
       comm_->all_gather(groups_[g].values.narrow(0, s.shard.offset, s.shard.numel), groups_[g].values);
       sync_compute(groups_[g]);
     }

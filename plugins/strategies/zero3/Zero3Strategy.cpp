@@ -170,8 +170,8 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     for (size_t g = 0; g < shards_.size(); ++g) {
       ShardedGroup& s = shards_[g];
       torch::Tensor grads = s.accumulated.narrow(0, 0, s.owned.numel);
-      if (args.grad_scale != 1.0) grads.mul_(args.grad_scale);
-      adamw_update(s.values.narrow(0, 0, s.owned.numel), grads, s.state, adamw_, decay_[g], args.lr, args.adam_step);
+      adamw_update(s.values.narrow(0, 0, s.owned.numel), grads, s.state, adamw_, decay_[g], args.lr, args.adam_step,
+                   args.grad_scale);
     }
     discard_gradients();
   }
@@ -306,6 +306,11 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
       reallocate(r.values);
       const ShardedGroup& s = shards_[r.group];
       const Piece& mine = r.pieces[rank];
+      gathered_bytes_ += r.values.numel() * r.values.element_size();
+      if (comm_->world_size() == 1) {  // the shard is the whole range: one copy (and cast), no collective
+        r.values.copy_(s.values.narrow(0, r.begin - s.shard.offset, r.values.numel()));
+        continue;
+      }
       // Gathered in the compute dtype: bf16 halves the traffic.
       torch::Tensor send = torch::zeros({r.longest}, r.values.options());
       if (mine.size() > 0) {
@@ -318,7 +323,6 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
         if (piece.size() == 0) continue;
         r.values.narrow(0, piece.begin - r.begin, piece.size()).copy_(received.narrow(0, p * r.longest, piece.size()));
       }
-      gathered_bytes_ += r.values.numel() * r.values.element_size();
     }
     unit.gathered = true;
     peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
@@ -337,7 +341,8 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     std::lock_guard<std::mutex> lock(mutex_);
     if (unit.in_backward) return;
     gather(unit);
-    for (UnitRange& r : unit.ranges) r.grads = torch::zeros_like(r.values);
+    // fp32 whatever the compute dtype: autograd widens bf16 gradients exactly as it adds them.
+    for (UnitRange& r : unit.ranges) r.grads = torch::zeros(r.values.sizes(), r.values.options().dtype(torch::kFloat32));
     for (size_t i = 0; i < unit.params.size(); ++i) {
       const auto& [range, offset] = unit.param_at[i];
       torch::Tensor& param = unit.params[i];
@@ -354,6 +359,12 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     const int world = comm_->world_size();
     const int rank = comm_->rank();
     for (UnitRange& r : unit.ranges) {
+      ShardedGroup& s = shards_[r.group];
+      if (world == 1 && reduce_dtype_ == torch::kFloat32) {  // a reduce-scatter over one rank adds the whole range
+        s.accumulated.narrow(0, r.begin - s.shard.offset, r.grads.numel()).add_(r.grads);
+        r.grads = torch::Tensor();
+        continue;
+      }
       torch::Tensor send = torch::zeros({r.longest * world}, r.grads.options().dtype(reduce_dtype_));
       for (int p = 0; p < world; ++p) {
         const Piece& piece = r.pieces[p];
@@ -362,7 +373,6 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
       }
       torch::Tensor received = torch::empty({r.longest}, send.options());
       comm_->reduce_scatter_sum(send, received);
-      ShardedGroup& s = shards_[r.group];
       const Piece& mine = r.pieces[rank];
       if (mine.size() > 0) {
         s.accumulated.narrow(0, mine.begin - s.shard.offset, mine.size()).add_(received.narrow(0, 0, mine.size()));
