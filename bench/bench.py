@@ -1,20 +1,29 @@
 #!/usr/bin/env python3
-"""Training speed on one GPU: trainer (ddp, zero3) against PyTorch eager.
+"""Training speed and memory on one GPU: trainer (ddp, zero3) against Hugging Face Qwen2.
 
-Model: Qwen2-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 key/value
-heads, intermediate 4864, vocab 151936, tied embeddings), random init.
+Shapes (random init, tied embeddings, vocab 151936):
+  0.5b  Qwen2-0.5B: hidden 896, 24 layers, 14 heads, 2 key/value heads, intermediate 4864
+  3b    hidden 2048, 36 layers, 16 heads, 2 key/value heads, intermediate 11008
 Batch: micro-batch 4 x sequence 2048 random tokens, no accumulation.
-Precision: bf16 compute, fp32 master weights and AdamW state (trainer's
-training.precision = "bf16"; PyTorch: fp32 parameters under
-torch.autocast(bfloat16), the usual eager mixed precision), SDPA attention,
-AdamW, clipping at 1.0. Each run is its own process; the first
---warmup steps are left out of the timing.
+Precision: bf16 compute, fp32 master weights, fp32 gradients and AdamW state
+(trainer's training.precision = "bf16"; Hugging Face: fp32 parameters under
+torch.autocast(bfloat16), the usual mixed precision), SDPA attention, AdamW,
+clipping at 1.0.
 
-Prints tokens/s, MFU against the bf16 matmul rate measured in the same run,
-and each process's peak GPU memory (nvidia-smi, sampled every 50 ms), with
-each figure's ratio to PyTorch eager. Run from the project root:
+Arms, each its own process, all in one run:
+  eager            HF Qwen2ForCausalLM, torch.optim.AdamW (foreach)
+  eager-fused      the same with AdamW(fused=True)
+  compile-fused    the model and the loss under torch.compile, AdamW(fused=True):
+                   what a user would do instead of this trainer; the baseline of every ratio
+  ddp, zero3       trainer run with strategy ddp / zero3
+  NAME=KEY=V,...   a trainer arm (ddp) with recipe overrides, e.g.
+                   ckpt=model.activation_checkpointing=full
+The first --warmup steps are left out of the timing. MFU = (6 N + 12 L H T)
+FLOPs per token x tokens/s / the bf16 matmul rate measured at the start of
+the run. Peak memory is nvidia-smi's figure for each process (sampled every
+50 ms), the same measurement for every arm. Run from the project root:
 
-    python3 bench/bench.py --trainer build-gpu/bin/trainer
+    python3 bench/bench.py --trainer build-gpu/bin/trainer --shape 0.5b
 """
 import argparse
 import json
@@ -28,35 +37,41 @@ import time
 import numpy as np
 import torch
 
-CONFIG = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-              num_attention_heads=14, num_key_value_heads=2, rope_theta=1000000.0, rms_norm_eps=1e-6,
-              tie_word_embeddings=True, max_position_embeddings=32768)
+COMMON = dict(vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+              max_position_embeddings=32768)
+SHAPES = {
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, **COMMON),
+    "3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+               num_key_value_heads=2, **COMMON),
+}
 
 
 def matmul_rate():
-    """Dense bf16 matmul FLOP/s on this GPU (8192^3, best of 20)."""
+    """Dense bf16 matmul FLOP/s on this GPU (8192^3 on random data, median of 20)."""
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
+    for _ in range(5):
         a @ b
-    best = float("inf")
+    times = []
     for _ in range(20):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         a @ b
         end.record()
         torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) / 1000)
-    return 2 * 8192 ** 3 / best
+        times.append(start.elapsed_time(end) / 1000)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * 8192 ** 3 / sorted(times)[len(times) // 2]
 
 
-def flops_per_token(seq):
+def flops_per_token(config, seq):
     """6 N for the weights (embedding counted once: tied) plus attention's 12 L H T (PaLM, appendix B)."""
-    c = CONFIG
-    h, kv = c["hidden_size"], c["num_key_value_heads"] * c["hidden_size"] // c["num_attention_heads"]
-    per_layer = h * h * 2 + h * kv * 2 + 3 * h * c["intermediate_size"]
-    n = c["num_hidden_layers"] * per_layer + c["vocab_size"] * h
-    return 6 * n + 12 * c["num_hidden_layers"] * h * seq, n
+    h, kv = config["hidden_size"], config["num_key_value_heads"] * config["hidden_size"] // config["num_attention_heads"]
+    per_layer = h * h * 2 + h * kv * 2 + 3 * h * config["intermediate_size"]
+    n = config["num_hidden_layers"] * per_layer + config["vocab_size"] * h
+    return 6 * n + 12 * config["num_hidden_layers"] * h * seq, n
 
 
 class PeakMemory:
@@ -83,10 +98,10 @@ class PeakMemory:
         return self.peak / 1024  # GiB
 
 
-def run_trainer(trainer, strategy, work, args):
-    out = os.path.join(work, f"run-{strategy}")
-    recipe = os.path.join(work, f"{strategy}.toml")
-    model = "\n".join(f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in CONFIG.items())
+def run_trainer(args, config, work, name, strategy, overrides):
+    out = os.path.join(work, f"run-{name}")
+    recipe = os.path.join(work, f"{name}.toml")
+    model = "\n".join(f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in config.items())
     with open(recipe, "w") as f:
         f.write(f"""[run]
 device = "cuda"
@@ -99,7 +114,7 @@ name = "tokens"
 path = "{work}/tokens.bin"
 dtype = "uint32"
 seq_len = {args.seq}
-vocab_size = {CONFIG['vocab_size']}
+vocab_size = {config['vocab_size']}
 [training]
 steps = {args.steps}
 micro_batch_size = {args.micro_batch}
@@ -114,78 +129,112 @@ name = "{strategy}"
 name = "console"
 interval = 5
 """)
-    process = subprocess.Popen([trainer, "run", recipe], stdout=sys.stderr, stderr=sys.stderr)
+    command = [args.trainer, "run", recipe] + [a for o in overrides for a in ("--set", o)]
+    process = subprocess.Popen(command, stdout=sys.stderr, stderr=sys.stderr)
     memory = PeakMemory(process.pid)
     if process.wait() != 0:
-        raise SystemExit(f"trainer ({strategy}) failed")
+        print(f"trainer arm {name} failed", file=sys.stderr)
+        memory.stop()
+        return None
     peak = memory.stop()
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))][args.warmup:]
     seconds = sum(r["step_seconds"] for r in rows)
-    return sum(r["input_tokens"] for r in rows) / seconds, peak
+    return sum(r["input_tokens"] for r in rows) / seconds, peak, rows[-1]["loss"]
 
 
-EAGER = r"""
+HUGGING_FACE = r"""
 import sys, time, torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 config = Qwen2Config(**CONFIG, attn_implementation="sdpa")
 torch.manual_seed(0)
 model = Qwen2ForCausalLM(config).cuda().train()
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=FUSED)
 tokens = torch.randint(0, config.vocab_size, (STEPS, MICRO, SEQ + 1), device="cuda")
+
+def loss_of(batch):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(batch[:, :-1]).logits
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+
+if COMPILE:
+    loss_of = torch.compile(loss_of)
 times = []
 for step in range(STEPS):
     torch.cuda.synchronize(); start = time.perf_counter()
-    batch = tokens[step]
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        logits = model(batch[:, :-1]).logits
-    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+    loss = loss_of(tokens[step])
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     torch.cuda.synchronize(); times.append(time.perf_counter() - start)
-    if step % 5 == 0: print(f"eager step {step + 1}: loss {loss.item():.4f}", file=sys.stderr)
-print(sum(times[WARMUP:]))
+    if step % 5 == 0: print(f"NAME step {step + 1}: loss {loss.item():.4f}", file=sys.stderr)
+print(sum(times[WARMUP:]), loss.item())
 """
 
 
-def run_eager(args):
-    code = (EAGER.replace("CONFIG", repr(CONFIG)).replace("STEPS", str(args.steps)).replace("MICRO", str(args.micro_batch))
-            .replace("SEQ", str(args.seq)).replace("WARMUP", str(args.warmup)))
+def run_hugging_face(args, config, name, fused, compiled):
+    code = (HUGGING_FACE.replace("CONFIG", repr(config)).replace("STEPS", str(args.steps))
+            .replace("MICRO", str(args.micro_batch)).replace("SEQ", str(args.seq)).replace("WARMUP", str(args.warmup))
+            .replace("FUSED", str(fused)).replace("COMPILE", str(compiled)).replace("NAME", name))
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
     memory = PeakMemory(process.pid)
     out, _ = process.communicate()
-    if process.returncode != 0:
-        raise SystemExit("PyTorch eager failed")
     peak = memory.stop()
-    seconds = float(out.strip().splitlines()[-1])
-    return (args.steps - args.warmup) * args.micro_batch * args.seq / seconds, peak
+    if process.returncode != 0:
+        print(f"{name} failed", file=sys.stderr)
+        return None
+    seconds, loss = (float(x) for x in out.strip().splitlines()[-1].split())
+    return (args.steps - args.warmup) * args.micro_batch * args.seq / seconds, peak, loss
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trainer", default="build-gpu/bin/trainer")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
+    parser.add_argument("--arms", default="eager,eager-fused,compile-fused,ddp,zero3",
+                        help="comma-separated arms; NAME=KEY=VALUE;KEY=VALUE adds a ddp arm with overrides")
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--json", help="also write the table here")
     args = parser.parse_args()
+    config = SHAPES[args.shape]
     work = tempfile.mkdtemp(prefix="bench-")
     windows = args.steps * args.micro_batch + 1
-    np.random.default_rng(0).integers(0, CONFIG["vocab_size"], windows * args.seq + 1, dtype=np.uint32).tofile(
+    np.random.default_rng(0).integers(0, config["vocab_size"], windows * args.seq + 1, dtype=np.uint32).tofile(
         os.path.join(work, "tokens.bin"))
     peak = matmul_rate()
-    per_token, params = flops_per_token(args.seq)
-    results = {"PyTorch eager": run_eager(args)}
-    for strategy in ("ddp", "zero3"):
-        results[f"trainer {strategy}"] = run_trainer(args.trainer, strategy, work, args)
-    print(f"\nQwen2 {params / 1e9:.3f}B parameters, bf16, micro-batch {args.micro_batch} x {args.seq} tokens, "
-          f"{torch.cuda.get_device_name()}, measured bf16 matmul {peak / 1e12:.0f} TFLOP/s")
-    print(f"{'run':<16} {'tokens/s':>10} {'vs eager':>9} {'MFU':>7} {'peak GiB':>9} {'vs eager':>9}")
-    base_speed, base_memory = results["PyTorch eager"]
-    for name, (speed, memory) in results.items():
-        print(f"{name:<16} {speed:>10.0f} {speed / base_speed:>8.2f}x {speed * per_token / peak:>6.1%} "
-              f"{memory:>9.1f} {memory / base_memory:>8.2f}x")
+    per_token, params = flops_per_token(config, args.seq)
+    results = {}
+    for arm in args.arms.split(","):
+        print(f"--- {arm}", file=sys.stderr, flush=True)
+        if arm in ("eager", "eager-fused", "compile-fused"):
+            results[arm] = run_hugging_face(args, config, arm, fused=arm != "eager", compiled=arm == "compile-fused")
+        elif arm in ("ddp", "zero3", "zero1", "zero2"):
+            results[f"trainer {arm}"] = run_trainer(args, config, work, arm, arm, [])
+        else:
+            name, _, overrides = arm.partition("=")
+            results[f"trainer {name}"] = run_trainer(args, config, work, name, "ddp", overrides.split(";"))
+    print(f"\nQwen2 {args.shape} shape: {params / 1e9:.3f}B parameters, bf16, micro-batch {args.micro_batch} x "
+          f"{args.seq} tokens, {torch.cuda.get_device_name()}, measured bf16 matmul {peak / 1e12:.0f} TFLOP/s")
+    base = results.get("compile-fused")
+    print(f"| run | tokens/s | vs compile | MFU | peak GiB | vs compile | last loss |")
+    print(f"| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    table = []
+    for name, result in results.items():
+        if result is None:
+            print(f"| {name} | failed | | | | | |")
+            continue
+        speed, memory, loss = result
+        ratio = f"{speed / base[0]:.2f}x" if base else "-"
+        memory_ratio = f"{memory / base[1]:.2f}x" if base else "-"
+        print(f"| {name} | {speed:.0f} | {ratio} | {speed * per_token / peak:.1%} | {memory:.1f} | {memory_ratio} "
+              f"| {loss:.4f} |")
+        table.append(dict(run=name, tokens_per_second=speed, mfu=speed * per_token / peak, peak_gib=memory, loss=loss))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(shape=args.shape, matmul_tflops=peak / 1e12, parameters=params, rows=table), f, indent=1)
 
 
 if __name__ == "__main__":

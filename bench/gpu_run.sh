@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the project root (.deps staged by
+# ../shared/device/stage-deps.sh and carried): configure and build into
+# build-gpu, then the stages named in $STAGES (default: all), logs under $OUT.
+#   tests   ctest -L gpu and -L unit
+#   hf      bench/hf_logits_check.py on CUDA
+#   b05     bench.py at the 0.5B shape     b3    bench.py at the 3B shape
+# Extra bench.py arguments: $BENCH_ARGS (e.g. --arms ddp,zero3).
+set -uo pipefail
+out=${OUT:-/tmp/gpu-out}
+mkdir -p "$out"
+stages=${STAGES:-tests hf b05 b3}
+torch_prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix;$PWD/.deps" \
+  >"$out/cmake.log" 2>&1 || { tail -40 "$out/cmake.log"; exit 1; }
+cmake --build build-gpu -j16 >"$out/build.log" 2>&1 || { grep -A12 -E "error|FAILED" "$out/build.log" | head -100; exit 1; }
+echo "built: $(grep -c warning "$out/build.log") warning lines"
+status=0
+for stage in $stages; do
+  case $stage in
+    tests) (cd build-gpu && ctest -L 'gpu|unit' --output-on-failure) >"$out/ctest.log" 2>&1 || status=1
+           grep -E "tests passed|Failed|FAILED|\*\*\*" "$out/ctest.log" | head -30 ;;
+    hf) python3 bench/hf_logits_check.py --trainer build-gpu/bin/trainer --device cuda 2>&1 | tail -4 || status=1 ;;
+    b05|b3) shape=0.5b; [ "$stage" = b3 ] && shape=3b
+            python3 bench/bench.py --trainer build-gpu/bin/trainer --shape $shape --json "$out/$stage.json" \
+              ${BENCH_ARGS:-} 2>"$out/$stage.err" | tee "$out/$stage.txt" || status=1 ;;
+  esac
+done
+exit $status
