@@ -6,8 +6,9 @@
 // (the softmax gradient is written over it), about 1 GiB at most. What
 // lives from forward to backward: the hidden gradient [target rows, dim] and
 // the weight gradient [vocab, dim] in fp32.
-// Traffic per logit: the GEMM's write, log-softmax (read, write fp32),
-// exp into the compute dtype (read fp32, write), the two GEMMs' reads. The
+// Traffic per logit: the GEMM's write, the widening copy, log-softmax
+// (read, write fp32), exp into the compute dtype (read fp32, write), the two
+// GEMMs' reads. The
 // composite form (fp32 logits, cross-entropy, its backward, a cast) moves
 // about three times as many bytes and keeps [rows, vocab] fp32 alive.
 #include "trainer/ops/LinearCrossEntropy.h"
@@ -69,10 +70,8 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
       const int64_t n = std::min(chunk, targets - start);
       const torch::Tensor hc = h.narrow(0, start, n);
       const torch::Tensor tc = t.narrow(0, start, n).unsqueeze(1);
-      // CUDA widens inside the softmax kernel; the CPU kernel cannot, so it gets a widened copy.
-      const torch::Tensor logits = hc.mm(weight.t());
-      const bool widen_inside = narrow && logits.is_cuda();
-      torch::Tensor logp = at::_log_softmax(widen_inside || !narrow ? logits : logits.to(acc), 1, widen_inside);
+      // Widened before the softmax (LibTorch's kernels widen only fp16 inside).
+      torch::Tensor logp = at::_log_softmax(hc.mm(weight.t()).to(acc), 1, /*half_to_float=*/false);
       const torch::Tensor target_logp = logp.gather(1, tc);
       loss.sub_(target_logp.sum());
       if (!need_grad) continue;
