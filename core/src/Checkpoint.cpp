@@ -46,6 +46,87 @@ uint64_t file_hash(const fs::path& file) {
   return hash;
 }
 
+const Json& member(const Json& object, const char* key, const fs::path& file) {
+  const Json* value = object.find(key);
+  if (!value) throw InputError(fmt::format("{}: missing '{}'", file.string(), key));
+  return *value;
+}
+
+int64_t integer_member(const Json& object, const char* key, int64_t low, int64_t high, const fs::path& file) {
+  const Json& value = member(object, key, file);
+  if (!value.is_integer() || value.as_int() < low || value.as_int() > high) {
+    throw InputError(fmt::format("{}: '{}' must be an integer in [{}, {}]", file.string(), key, low, high));
+  }
+  return value.as_int();
+}
+
+const std::vector<Json>& array_member(const Json& object, const char* key, const fs::path& file) {
+  const Json& value = member(object, key, file);
+  if (!value.is_array()) throw InputError(fmt::format("{}: '{}' must be an array", file.string(), key));
+  return value.items();
+}
+
+// Every field resume and export rely on, checked before any is used: a
+// manifest edited by hand or damaged is an error naming the field, never a
+// crash or a silently wrong resume.
+void validate_manifest(const Json& manifest, const fs::path& file) {
+  constexpr int64_t kMax = int64_t(1) << 50;
+  const fs::path dir = file.parent_path();
+  const int64_t step = integer_member(manifest, "step", 0, kMax, file);
+  integer_member(manifest, "applied_updates", 0, step, file);
+  const int64_t world = integer_member(manifest, "world_size", 1, 1 << 20, file);
+  if (dir.filename().string() != fmt::format("step-{:08d}", step)) {
+    throw InputError(fmt::format("{}: 'step' is {} but the directory is {}", file.string(), step,
+                                 dir.filename().string()));
+  }
+  for (const char* key : {"fingerprint", "strategy"}) {
+    if (!member(manifest, key, file).is_string()) throw InputError(fmt::format("{}: '{}' must be a string", file.string(), key));
+  }
+  const std::vector<Json>& files = array_member(manifest, "files", file);
+  if (static_cast<int64_t>(files.size()) != world) {
+    throw InputError(fmt::format("{}: {} files listed for world size {}", file.string(), files.size(), world));
+  }
+  for (size_t r = 0; r < files.size(); ++r) {
+    // Only the names this format writes: a manifest never points outside its directory.
+    const Json& name = member(files[r], "name", file);
+    if (!name.is_string() || name.as_string() != fmt::format("rank-{:05d}.safetensors", r)) {
+      throw InputError(fmt::format("{}: file {} must be named rank-{:05d}.safetensors", file.string(), r, r));
+    }
+    integer_member(files[r], "bytes", 0, kMax, file);
+    if (!member(files[r], "fnv1a", file).is_string()) throw InputError(fmt::format("{}: 'fnv1a' must be a string", file.string()));
+  }
+  const std::vector<Json>& groups = array_member(manifest, "group_numel", file);
+  if (groups.empty() || groups.size() > 2) throw InputError(fmt::format("{}: 'group_numel' must list 1 or 2 groups", file.string()));
+  std::vector<int64_t> declared, counted(groups.size(), 0);
+  for (const Json& g : groups) {
+    if (!g.is_integer() || g.as_int() < 0) throw InputError(fmt::format("{}: 'group_numel' must hold counts", file.string()));
+    declared.push_back(g.as_int());
+  }
+  for (const Json& p : array_member(manifest, "parameters", file)) {
+    if (!member(p, "name", file).is_string() || !member(p, "decay", file).is_bool()) {
+      throw InputError(fmt::format("{}: each parameter needs a string 'name' and a bool 'decay'", file.string()));
+    }
+    const int64_t numel = integer_member(p, "numel", 0, kMax, file);
+    int64_t product = 1;
+    for (const Json& d : array_member(p, "shape", file)) {
+      if (!d.is_integer() || d.as_int() < 0 || d.as_int() > kMax) throw InputError(fmt::format("{}: bad shape", file.string()));
+      product *= d.as_int();
+      if (product > kMax) throw InputError(fmt::format("{}: bad shape", file.string()));
+    }
+    if (product != numel) {
+      throw InputError(fmt::format("{}: parameter '{}' has shape of {} elements but numel {}", file.string(),
+                                   member(p, "name", file).as_string(), product, numel));
+    }
+    const size_t group = member(p, "decay", file).as_bool() || groups.size() == 1 ? 0 : 1;
+    counted[group] += numel;
+  }
+  if (counted != declared) {
+    throw InputError(fmt::format("{}: the parameters add up to [{}] elements per group, 'group_numel' says [{}]",
+                                 file.string(), fmt::join(counted, ", "), fmt::join(declared, ", ")));
+  }
+}
+
+
 Json read_manifest(const fs::path& dir) {
   const fs::path file = dir / "manifest.json";
   std::ifstream in(file);
@@ -62,13 +143,8 @@ Json read_manifest(const fs::path& dir) {
   if (!format || !format->is_string() || format->as_string() != kFormat) {
     throw InputError(fmt::format("{}: not a {} manifest", file.string(), kFormat));
   }
+  validate_manifest(manifest, file);
   return manifest;
-}
-
-const Json& member(const Json& object, const char* key, const fs::path& file) {
-  const Json* value = object.find(key);
-  if (!value) throw InputError(fmt::format("{}: missing '{}'", file.string(), key));
-  return *value;
 }
 
 }  // namespace
@@ -216,6 +292,12 @@ std::string Checkpointer::resolve(const std::string& resume) const {
       log::warn(fmt::format("checkpoint {} is not usable ({}); trying an older one", candidate.string(), bad.what()));
     }
   }
+  // Starting over would overwrite them (and the metrics they belong to).
+  if (!candidates.empty()) {
+    throw InputError(fmt::format("checkpoint.resume = 'auto': none of the {} checkpoints under {} verifies (see the "
+                                 "warnings above); repair or move them, or point checkpoint.dir elsewhere",
+                                 candidates.size(), root_));
+  }
   return "";
 }
 
@@ -285,7 +367,12 @@ TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, 
         const Chunk chunk = canonical(group_numel.at(s.group), r, saved_world);
         const int64_t begin = std::max(chunk.begin, s.offset), end = std::min(chunk.end, s.offset + target.numel());
         if (end <= begin) continue;
-        const torch::Tensor source = readers.at(r)->read(fmt::format("group{}.{}", s.group, kStateNames[k]));
+        const std::string tensor = fmt::format("group{}.{}", s.group, kStateNames[k]);
+        const torch::Tensor source = readers.at(r)->read(tensor);
+        if (source.dim() != 1 || source.numel() != chunk.end - chunk.begin) {
+          throw InputError(fmt::format("{}: tensor '{}' has {} elements, the manifest's layout needs {}",
+                                       readers.at(r)->path(), tensor, source.numel(), chunk.end - chunk.begin));
+        }
         target.narrow(0, begin - s.offset, end - begin).copy_(source.narrow(0, begin - chunk.begin, end - begin));
       }
     }

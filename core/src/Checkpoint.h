@@ -34,8 +34,9 @@ class Checkpointer {
   /// Collective. Loads a verified checkpoint into the strategy.
   TrainingPosition load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm);
 
-  /// "" -> ""; "auto" -> the newest checkpoint under root that verifies (or
-  /// "" when there is none), saying which were skipped and why; a path ->
+  /// "" -> ""; "auto" -> the newest checkpoint under root that verifies,
+  /// saying which were skipped and why ("" when there is none at all;
+  /// InputError when there are some and none verifies); a path ->
   /// that path, verified. InputError names a corrupt or foreign file.
   std::string resolve(const std::string& resume) const;
 

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -40,7 +42,7 @@ inline void write_file_atomically(const std::filesystem::path& path, const std::
     std::ofstream out(temporary, std::ios::trunc);
     out << text;
     out.flush();
-    if (!out) throw InputError(temporary.string() + ": cannot write");
+    if (!out) throw InputError(temporary.string() + ": cannot write (" + std::strerror(errno) + ")");
   }
   fsync_path(temporary);
   std::filesystem::rename(temporary, path);

@@ -7,6 +7,11 @@
 
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
+#include <elf.h>
+
+#include <cstring>
+#include <fstream>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/version.h>
@@ -28,12 +33,58 @@ bool names_a_file(const std::string& name) {
          (name.size() > 3 && name.compare(name.size() - 3, 3, ".so") == 0);
 }
 
+// dlopen maps a shared library without checking that the file holds what
+// its headers describe: a truncated plugin would be a bus error, not an
+// error message. So the ELF header and the extents it declares are read
+// and checked against the file's size first.
+void check_elf(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::error_code size_error;
+  const uint64_t size = fs::file_size(path, size_error);
+  if (!in || size_error) throw InputError(fmt::format("{}: cannot read plugin file", path));
+  if (size == 0) throw InputError(fmt::format("{}: empty file (0 bytes), not a shared library", path));
+  Elf64_Ehdr header{};
+  if (size < sizeof(header) || !in.read(reinterpret_cast<char*>(&header), sizeof(header)) ||
+      std::memcmp(header.e_ident, ELFMAG, SELFMAG) != 0) {
+    throw InputError(fmt::format("{}: not an ELF shared library ({} bytes, no ELF header)", path, size));
+  }
+#if defined(__x86_64__)
+  constexpr int kMachine = EM_X86_64;
+#elif defined(__aarch64__)
+  constexpr int kMachine = EM_AARCH64;
+#else
+  const int kMachine = header.e_machine;
+#endif
+  if (header.e_ident[EI_CLASS] != ELFCLASS64 || header.e_type != ET_DYN || header.e_machine != kMachine) {
+    throw InputError(fmt::format("{}: an ELF file but not a 64-bit shared library for this machine", path));
+  }
+  uint64_t needed = header.e_phoff + uint64_t(header.e_phnum) * header.e_phentsize;
+  if (header.e_shoff != 0) needed = std::max<uint64_t>(needed, header.e_shoff + uint64_t(header.e_shnum) * header.e_shentsize);
+  if (needed > size || header.e_phentsize != sizeof(Elf64_Phdr)) {
+    throw InputError(fmt::format("{}: truncated or damaged: its ELF headers need {} bytes, the file has {}", path,
+                                 needed, size));
+  }
+  in.seekg(static_cast<std::streamoff>(header.e_phoff));
+  for (int i = 0; i < header.e_phnum; ++i) {
+    Elf64_Phdr segment{};
+    if (!in.read(reinterpret_cast<char*>(&segment), sizeof(segment))) {
+      throw InputError(fmt::format("{}: truncated program headers", path));
+    }
+    if (segment.p_type == PT_LOAD && segment.p_offset + segment.p_filesz > size) {
+      throw InputError(fmt::format("{}: truncated: a loadable segment ends at byte {}, the file has {}", path,
+                                   segment.p_offset + segment.p_filesz, size));
+    }
+  }
+}
+
 LoadedPlugin load_library(const std::string& path) {
   std::error_code exists_error;
   if (!fs::exists(path, exists_error)) {
     throw InputError(fmt::format("{}: plugin file not found", path));
   }
   const std::string canonical = fs::canonical(path).string();
+  if (!fs::is_regular_file(canonical)) throw InputError(fmt::format("{}: not a regular file", canonical));
+  check_elf(canonical);
   boost::dll::shared_library library;
   boost::dll::fs::error_code error;
   library.load(canonical, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, error);

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <cmath>
 #include <toml++/toml.h>
 
 #include "trainer/Errors.h"
@@ -74,7 +76,7 @@ std::string expected_text(const KeySpec& spec) {
       return spec.choices ? fmt::format("one of {}", std::string(spec.choices)) : "a string";
     case VT::Int:
     case VT::Float: {
-      const char* what = spec.type == VT::Int ? "an integer" : "a number";
+      const char* what = spec.type == VT::Int ? "an integer" : "a finite number";
       if (spec.min == -kInf && spec.max == kInf) return what;
       if (spec.max == kInf) return fmt::format("{} >= {}", what, spec.min);
       if (spec.min == -kInf) return fmt::format("{} <= {}", what, spec.max);
@@ -121,7 +123,8 @@ Value convert(const KeySpec& spec, const toml::node& node, const std::string& wh
       if (node.is_floating_point()) value = node.as_floating_point()->get();
       else if (node.is_integer()) value = static_cast<double>(node.as_integer()->get());
       else throw fail();
-      if (!(value >= spec.min && value <= spec.max)) throw fail();
+      // No key takes an infinite or NaN value (lr = inf would train NaNs).
+      if (!std::isfinite(value) || !(value >= spec.min && value <= spec.max)) throw fail();
       return value;
     }
   }

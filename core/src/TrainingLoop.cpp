@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -19,6 +20,7 @@
 #include "Checkpoint.h"
 #include "Files.h"
 #include "LrSchedule.h"
+#include "RunLock.h"
 #include "RunOutputs.h"
 #include "Rendezvous.h"
 #include "Sampler.h"
@@ -195,8 +197,10 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   at::set_num_threads(std::max(1, cores / std::max(1, world.local_world_size)));
   const torch::Device device = device_of(recipe, world);
   const bool writer = world.rank == 0;  // only rank 0 writes files and metrics
+  std::optional<RunLock> lock;           // held until train() returns
   if (writer) {
     fs::create_directories(context.output_dir);
+    lock.emplace(context.output_dir);
     write_file_atomically(fs::path(context.output_dir) / "recipe.toml", recipe.resolved_toml());
   }
   std::unique_ptr<Comm> comm = connect_comm(recipe, registry, world, device);
@@ -244,6 +248,9 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   const std::string checkpoint_root = recipe.checkpoint.text("dir").empty()
                                           ? (fs::path(context.output_dir) / "checkpoints").string()
                                           : recipe.checkpoint.text("dir");
+  if (fs::exists(checkpoint_root) && !fs::is_directory(checkpoint_root)) {
+    recipe.checkpoint.fail("dir", fmt::format("a directory for checkpoints; {} is a file", checkpoint_root));
+  }
   Checkpointer checkpointer(checkpoint_root, recipe.checkpoint.integer("keep"), recipe.fingerprint(global_batch_size),
                             info.strategy);
   const int64_t interval = recipe.checkpoint.integer("interval");

@@ -183,7 +183,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (validate->parsed()) {
-      batch_shape(recipe, 1);
+      // The same batch checks as `trainer run` with the recipe's local workers.
+      batch_shape(recipe, std::max<int>(1, static_cast<int>(recipe.distributed.integer("nproc"))));
       std::cout << recipe.resolved_toml();
       log::info(fmt::format("{}: recipe is valid", recipe_file));
       return 0;

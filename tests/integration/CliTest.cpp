@@ -53,7 +53,7 @@ TEST(Cli, BadRecipesExitWithTwoAndNameTheProblem) {
       {"[training\nsteps = 3\n", "bad.toml:1:"},
       {base + "[training]\nstepz = 3\n", "unknown key 'stepz' (did you mean 'steps'?)"},
       {base + "[training]\nsteps = 2.5\n", "[training] steps = 2.5: expected an integer"},
-      {base + "[optimizer]\nlr = -1.0\n", "[optimizer] lr = -1.0: expected a number >= 0"},
+      {base + "[optimizer]\nlr = -1.0\n", "[optimizer] lr = -1.0: expected a finite number >= 0"},
       {"[model]\nname = 'gpt9'\n[dataset]\nname = 'synthetic'\n", "unknown model plugin 'gpt9'; available: qwen2"},
       {base + "[model]\n", "bad.toml"},  // a table defined twice is a TOML error
   };

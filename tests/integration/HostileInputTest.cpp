@@ -1,0 +1,174 @@
+// Hostile but realistic input and faults: each is a clear error (exit 2)
+// naming what is wrong, never a crash, and never the loss of what an
+// earlier run wrote.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "TestSupport.h"
+
+namespace trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CommandResult;
+using testing::read_file;
+using testing::run_command;
+using testing::scratch_dir;
+using testing::source_path;
+using testing::trainer;
+using testing::write_file;
+
+const std::string kQuickstart = source_path("configs/quickstart.toml");
+
+bool says(const CommandResult& result, const std::string& text) { return result.output.find(text) != std::string::npos; }
+
+CommandResult run(const std::string& dir, const std::string& args) {
+  return trainer("run " + kQuickstart + " --set run.output_dir=" + dir + " " + args);
+}
+
+void replace_in_file(const std::string& path, const std::string& from, const std::string& to) {
+  std::string text = read_file(path);
+  const size_t at = text.find(from);
+  ASSERT_NE(at, std::string::npos) << from << " not in " << path;
+  text.replace(at, from.size(), to);
+  write_file(path, text);
+}
+
+TEST(HostileInput, DamagedManifestIsAnErrorAndLosesNothing) {
+  const std::string dir = scratch_dir("HiManifest");
+  ASSERT_EQ(run(dir, "--set training.steps=2 --set checkpoint.interval=2").exit_code, 0);
+  const std::string metrics = read_file(dir + "/metrics.jsonl");
+  const std::string manifest = dir + "/checkpoints/step-00000002/manifest.json";
+  const std::string original = read_file(manifest);
+  for (const auto& [from, to, message] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"\"step\": 2", "\"step\": -1", "'step' must be an integer"},
+           {"\"world_size\": 1", "\"world_size\": 0", "'world_size' must be an integer"},
+           {"\"world_size\": 1", "\"world_size\": 3", "1 files listed for world size 3"},
+           {"rank-00000.safetensors", "../rank-00000.safetensors", "must be named rank-00000.safetensors"}}) {
+    write_file(manifest, original);
+    replace_in_file(manifest, from, to);
+    const CommandResult resumed = run(dir, "--set training.steps=4 --set checkpoint.resume=auto");
+    EXPECT_EQ(resumed.exit_code, 2) << to << "\n" << resumed.output;
+    EXPECT_TRUE(says(resumed, message)) << resumed.output;
+    EXPECT_TRUE(says(resumed, "none of the 1 checkpoints")) << resumed.output;
+    EXPECT_EQ(read_file(dir + "/metrics.jsonl"), metrics) << "the earlier run's metrics were replaced";
+    EXPECT_TRUE(fs::exists(dir + "/checkpoints/step-00000002/rank-00000.safetensors"));
+  }
+}
+
+TEST(HostileInput, TruncatedOrEmptyPluginIsNamedNotACrash) {
+  const std::string dir = scratch_dir("HiPlugin");
+  const std::string ddp = std::string(TRAINER_PLUGIN_DIR) + "/trainer-strategy-ddp.so";
+  for (const auto& [bytes, message] : std::vector<std::pair<int, std::string>>{
+           {3000, "truncated"}, {0, "empty file"}, {20, "not an ELF shared library"}}) {
+    const std::string bad = dir + "/trainer-strategy-t.so";
+    ASSERT_EQ(run_command("head -c " + std::to_string(bytes) + " " + ddp + " > " + bad).exit_code, 0);
+    const CommandResult listed = trainer("--plugin-dir " + dir + " plugins");
+    EXPECT_EQ(listed.exit_code, 2) << bytes << " bytes\n" << listed.output;
+    EXPECT_TRUE(says(listed, bad)) << listed.output;
+    EXPECT_TRUE(says(listed, message)) << listed.output;
+  }
+}
+
+TEST(HostileInput, SecondRunIntoABusyOutputDirectoryIsRefused) {
+  const std::string dir = scratch_dir("HiLock");
+  // A first run that lasts a while, in the background.
+  const std::string first_log = dir + "-first.log";
+  ASSERT_EQ(std::system((std::string(TRAINER_BINARY) + " run " + kQuickstart + " --set run.output_dir=" + dir +
+                         " --set training.steps=100000 > " + first_log + " 2>&1 &")
+                            .c_str()),
+            0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(dir + "/metrics.jsonl") && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(fs::exists(dir + "/metrics.jsonl")) << read_file(first_log);
+  const std::string holder = read_file(dir + "/.trainer.lock");
+  const CommandResult second = run(dir, "--set training.steps=2");
+  EXPECT_EQ(second.exit_code, 2) << second.output;
+  EXPECT_TRUE(says(second, "is in use by another trainer run (" + holder + ")")) << second.output;
+  const pid_t first = static_cast<pid_t>(std::stol(holder.substr(4)));  // "pid N on host"
+  kill(first, SIGKILL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The lock of a killed run is not stale: the kernel released it.
+  EXPECT_EQ(run(dir, "--set training.steps=2").exit_code, 0);
+}
+
+TEST(HostileInput, EveryCheckpointCorruptIsAnErrorNotAFreshStart) {
+  const std::string dir = scratch_dir("HiCorrupt");
+  ASSERT_EQ(run(dir, "--set training.steps=4 --set checkpoint.interval=2").exit_code, 0);
+  const std::string metrics = read_file(dir + "/metrics.jsonl");
+  for (const char* step : {"step-00000002", "step-00000004"}) {
+    const std::string shard = dir + "/checkpoints/" + step + "/rank-00000.safetensors";
+    std::fstream file(shard, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(-3, std::ios::end);
+    file.put('\x7f');
+  }
+  const CommandResult resumed = run(dir, "--set training.steps=6 --set checkpoint.resume=auto");
+  EXPECT_EQ(resumed.exit_code, 2) << resumed.output;
+  EXPECT_TRUE(says(resumed, "none of the 2 checkpoints")) << resumed.output;
+  EXPECT_EQ(read_file(dir + "/metrics.jsonl"), metrics);
+}
+
+TEST(HostileInput, CompareMatchesStepsAndRejectsWhatItCannotCompare) {
+  const std::string a = scratch_dir("HiCompareA"), b = scratch_dir("HiCompareB");
+  ASSERT_EQ(run(a, "--set training.steps=3").exit_code, 0);
+  const std::string metrics = read_file(a + "/metrics.jsonl");
+  // The same records shifted by 100 steps share no step with the first run.
+  std::string shifted = metrics;
+  for (const char* step : {"\"step\":3", "\"step\":2", "\"step\":1"}) {
+    const size_t at = shifted.find(step);
+    ASSERT_NE(at, std::string::npos) << metrics;
+    shifted.replace(at, std::string(step).size(), std::string(step) + "01");
+  }
+  write_file(b + "/metrics.jsonl", shifted);
+  CommandResult result = trainer("compare " + a + " " + b);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "no step in common")) << result.output;
+  write_file(b + "/metrics.jsonl", "");
+  result = trainer("compare " + a + " " + b);
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_TRUE(says(result, "no step records")) << result.output;
+  write_file(b + "/metrics.jsonl", "{\"step\": 1, \"grad_norm\": 1.0}\n");
+  result = trainer("compare " + a + " " + b);
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_TRUE(says(result, "record 1 has no numeric 'loss'")) << result.output;
+  result = trainer("compare " + a + " " + scratch_dir("HiCompareMissing") + "/nothing");
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_TRUE(says(result, "no metrics file")) << result.output;
+  for (const char* rtol : {"-1", "nan", "inf"}) {
+    result = trainer(std::string("compare --rtol ") + rtol + " " + a + " " + a);
+    EXPECT_EQ(result.exit_code, 2) << rtol << "\n" << result.output;
+  }
+  // A shorter run compares on the steps both have, and says so.
+  write_file(b + "/metrics.jsonl", metrics.substr(0, metrics.find('\n') + 1));
+  result = trainer("compare " + a + " " + b);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_TRUE(says(result, "1 steps are in every run")) << result.output;
+}
+
+TEST(HostileInput, RecipeValuesThatRunWouldRejectFailBeforeTraining) {
+  const std::string dir = scratch_dir("HiRecipe");
+  // validate applies run's batch checks with the recipe's workers.
+  CommandResult result = trainer("validate " + kQuickstart + " --set distributed.nproc=3 --set training.global_batch_size=8");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "global_batch_size")) << result.output;
+  result = run(dir, "--set optimizer.lr=inf");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "optimizer.lr")) << result.output;
+  write_file(dir + "/a-file", "not a directory");
+  result = run(dir + "/out", "--set checkpoint.dir=" + dir + "/a-file");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "is a file")) << result.output;
+  EXPECT_FALSE(fs::exists(dir + "/out/metrics.jsonl")) << "no training step ran";
+}
+
+}  // namespace
+}  // namespace trainer
