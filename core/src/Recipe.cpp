@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <filesystem>
 #include <toml++/toml.h>
 
 #include "trainer/Errors.h"
@@ -280,6 +281,11 @@ std::string closest_key(const std::string& key, const std::vector<std::string>& 
 
 Recipe load_recipe(const std::string& file, const std::vector<std::string>& overrides, PluginRegistry& registry) {
   toml::table root;
+  std::error_code kind_error;
+  if (!std::filesystem::is_regular_file(file, kind_error)) {
+    throw InputError(fmt::format("{}: {}; a recipe is a TOML file", file,
+                                 std::filesystem::exists(file, kind_error) ? "not a regular file" : "no such file"));
+  }
   try {
     root = toml::parse_file(file);
   } catch (const toml::parse_error& error) {

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -74,10 +75,18 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
       }
     }
     if (!known) throw InputError(fmt::format("{}: tensor '{}': unsupported dtype {}", path, name, dtype->as_string()));
+    constexpr int64_t kMax = int64_t(1) << 50;
     int64_t numel = 1;
     for (const Json& d : shape->items()) {
+      if (!d.is_integer() || d.as_int() < 0 || d.as_int() > kMax || (numel *= d.as_int()) > kMax) {
+        throw InputError(fmt::format("{}: tensor '{}': shape must hold non-negative integers", path, name));
+      }
       e.shape.push_back(d.as_int());
-      numel *= d.as_int();
+    }
+    for (const Json& o : offsets->items()) {
+      if (!o.is_integer() || o.as_int() < 0) {
+        throw InputError(fmt::format("{}: tensor '{}': data_offsets must be non-negative integers", path, name));
+      }
     }
     e.begin = static_cast<size_t>(offsets->items()[0].as_int());
     e.end = static_cast<size_t>(offsets->items()[1].as_int());
@@ -91,6 +100,16 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
                                    name, data_start_ + e.end, bytes_));
     }
     entries_.push_back(std::move(e));
+  }
+  // Each byte belongs to at most one tensor: overlapping ranges mean a damaged or forged header.
+  std::vector<const Entry*> by_offset;
+  for (const Entry& e : entries_) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    if (by_offset[i]->begin < by_offset[i - 1]->end) {
+      throw InputError(fmt::format("{}: tensors '{}' and '{}' overlap in the file", path, by_offset[i - 1]->name,
+                                   by_offset[i]->name));
+    }
   }
 }
 

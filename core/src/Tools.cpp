@@ -18,6 +18,13 @@ namespace trainer {
 namespace fs = std::filesystem;
 
 void export_run(const std::string& run_dir, const std::string& to) {
+  // Export never replaces weights already written: not the source's own, not another export's.
+  if (fs::weakly_canonical(to) == fs::weakly_canonical(run_dir)) {
+    throw InputError(fmt::format("trainer export: --to {} is the directory exported from; choose another", to));
+  }
+  if (fs::exists(fs::path(to) / "model.safetensors")) {
+    throw InputError(fmt::format("trainer export: {} already holds a model.safetensors; choose an empty directory", to));
+  }
   if (fs::exists(fs::path(run_dir) / "manifest.json")) {  // a checkpoint
     export_checkpoint(run_dir, to);
     fmt::print("exported checkpoint {} to {}\n", run_dir, to);

@@ -3,6 +3,8 @@
 // or pre-tokenised ids ("prompt_ids", "completion_ids": used as given).
 // The whole file is read and checked when the run starts, so a malformed
 // line is reported before any training, with file and line.
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -27,6 +29,9 @@ class JsonlDataset final : public Dataset {
         vocab_size_(options.integer("vocab_size")),
         completion_only_(options.boolean("completion_only_loss")),
         shuffle_(options.boolean("shuffle")) {
+    if (std::filesystem::exists(path_) && !std::filesystem::is_regular_file(path_)) {
+      options.fail("path", fmt::format("a regular file; '{}' is not one", path_));  // a FIFO would block
+    }
     std::ifstream in(path_);
     if (!in) options.fail("path", fmt::format("a readable file, cannot open '{}'", path_));
     const bool skip_bad = options.boolean("skip_bad_lines");
@@ -45,6 +50,15 @@ class JsonlDataset final : public Dataset {
     }
     if (skipped > 0) log::warn(fmt::format("{}: skipped {} malformed line(s); the first: {}", path_, skipped, first_bad));
     if (samples_.empty()) throw InputError(fmt::format("{}: no records", path_));
+    // A data set without a single target token would train zero updates and still "succeed".
+    const bool any_target = std::any_of(samples_.begin(), samples_.end(), [](const Sample& sample) {
+      return std::find(sample.target.begin() + 1, sample.target.end(), 1) != sample.target.end();
+    });
+    if (!any_target) {
+      throw InputError(fmt::format("{}: no record has a target token after truncation to seq_len = {} (every "
+                                   "completion is cut off or empty); raise dataset.seq_len or shorten the prompts",
+                                   path_, seq_len_));
+    }
   }
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
@@ -57,9 +71,14 @@ class JsonlDataset final : public Dataset {
   std::vector<int32_t> ids(const Json& array, const char* key) const {
     if (!array.is_array()) throw std::runtime_error(fmt::format("\"{}\" must be an array of token ids", key));
     std::vector<int32_t> out;
-    for (const Json& id : array.items()) {
-      if (!id.is_integer() || id.as_int() < 0 || id.as_int() >= vocab_size_) {
-        throw std::runtime_error(fmt::format("\"{}\" holds a token id outside [0, vocab_size = {})", key, vocab_size_));
+    for (size_t i = 0; i < array.items().size(); ++i) {
+      const Json& id = array.items()[i];
+      if (!id.is_integer()) {  // 2.5, "2" and 1e2 are not ids, whatever they would round to
+        throw std::runtime_error(fmt::format("\"{}\"[{}] is not an integer token id", key, i));
+      }
+      if (id.as_int() < 0 || id.as_int() >= vocab_size_) {
+        throw std::runtime_error(fmt::format("\"{}\"[{}] = {} is outside [0, vocab_size = {})", key, i, id.as_int(),
+                                             vocab_size_));
       }
       out.push_back(static_cast<int32_t>(id.as_int()));
     }

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <fstream>
 #include <sstream>
 
@@ -44,6 +45,8 @@ struct Layer {
   Tensor input_norm, post_attention_norm;
 };
 
+const KeySpec& key_spec(const std::string& name);
+
 class Qwen2Model final : public Model {
  public:
   Qwen2Model(const Options& options, const Context& context)
@@ -74,7 +77,13 @@ class Qwen2Model final : public Model {
     // With tied embeddings a checkpoint's lm_head.weight, if present, is the
     // embedding again and is not read.
     if (!options.text("hf_dir").empty()) load_weights(options.text("hf_dir"), weight_files(options));
-    if (!options.text("init_from").empty()) load_weights("model.init_from", {options.text("init_from")});
+    if (const std::string& from = options.text("init_from"); !from.empty()) {
+      if (!std::filesystem::is_regular_file(from)) {
+        options.fail("init_from", fmt::format("a .safetensors file; {} {}", from,
+                                              std::filesystem::exists(from) ? "is not a regular file" : "does not exist"));
+      }
+      load_weights("model.init_from", {from});
+    }
   }
 
   std::vector<NamedParameter> parameters() override { return parameters_; }
@@ -214,9 +223,17 @@ class Qwen2Model final : public Model {
     }
     auto number = [&](const char* key, auto& field, const char* recipe_key) {
       const Json* v = json.find(key);
-      if (!v || !v->is_number()) throw InputError(fmt::format("{}: missing number '{}'", file, key));
       using T = std::decay_t<decltype(field)>;
+      if (!v || !v->is_number() || (std::is_integral_v<T> && !v->is_integer())) {
+        throw InputError(fmt::format("{}: '{}' must be {}", file, key, std::is_integral_v<T> ? "an integer" : "a number"));
+      }
       const T value = std::is_integral_v<T> ? static_cast<T>(v->as_int()) : static_cast<T>(v->as_double());
+      // The same bounds as the recipe key: config.json is input like the recipe.
+      const KeySpec& spec = key_spec(recipe_key);
+      if (!std::isfinite(static_cast<double>(value)) || static_cast<double>(value) < spec.min ||
+          static_cast<double>(value) > spec.max) {
+        throw InputError(fmt::format("{}: '{}' = {} is outside [{}, {}]", file, key, value, spec.min, spec.max));
+      }
       if (o.is_set(recipe_key) && value != field) {
         o.fail(recipe_key, fmt::format("{} as in {} (or leave the key out)", value, file));
       }
@@ -282,6 +299,25 @@ class Qwen2Model final : public Model {
       }
       p.tensor.copy_(value);
     }
+    // Every tensor must be one the model has: a config.json with fewer
+    // layers than the weights, or weights of another architecture, would
+    // otherwise load in part and train silently on what is left.
+    std::set<std::string> known;
+    for (const NamedParameter& p : parameters_) known.insert(p.name);
+    if (config_.tie_word_embeddings) known.insert("lm_head.weight");  // the embedding again
+    std::vector<std::string> unknown;
+    for (const auto& r : readers) {
+      for (const std::string& name : r->names()) {
+        if (!known.count(name)) unknown.push_back(name);
+      }
+    }
+    if (!unknown.empty()) {
+      std::sort(unknown.begin(), unknown.end());
+      const size_t shown = std::min<size_t>(unknown.size(), 4);
+      throw InputError(fmt::format("{}: {} tensor(s) the model (num_hidden_layers = {}) does not have, e.g. {}", where,
+                                   unknown.size(), config_.num_layers,
+                                   fmt::join(unknown.begin(), unknown.begin() + shown, ", ")));
+    }
   }
 
   static std::vector<std::string> weight_files(const Options& o) {
@@ -344,6 +380,13 @@ constexpr KeySpec kKeys[] = {
      "'full' recomputes each block in backward, keeping only its input", -kNoLimit, kNoLimit, "none|full"},
     {"init_from", ValueType::String, "''", "a .safetensors file with weights to start from (Hugging Face names)"},
 };
+
+const KeySpec& key_spec(const std::string& name) {
+  for (const KeySpec& spec : kKeys) {
+    if (name == spec.name) return spec;
+  }
+  throw std::logic_error("qwen2: no key " + name);
+}
 
 Component* create(const Options& options, const Context& context) { return new Qwen2Model(options, context); }
 

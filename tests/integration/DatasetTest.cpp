@@ -55,7 +55,7 @@ TEST(Datasets, JsonlIdsAndErrorsNameFileAndLine) {
   write_file(dir + "/range.jsonl", "{\"prompt_ids\": [1], \"completion_ids\": [99]}\n");
   const auto range = trainer("run " + recipe(dir, "name = 'jsonl'\npath = '" + dir + "/range.jsonl'\nvocab_size = 16\n", 16));
   EXPECT_EQ(range.exit_code, 2) << range.output;
-  EXPECT_NE(range.output.find("range.jsonl:1: \"completion_ids\" holds a token id outside [0, vocab_size = 16)"),
+  EXPECT_NE(range.output.find("range.jsonl:1: \"completion_ids\"[0] = 99 is outside [0, vocab_size = 16)"),
             std::string::npos)
       << range.output;
 }

@@ -170,5 +170,100 @@ TEST(HostileInput, RecipeValuesThatRunWouldRejectFailBeforeTraining) {
   EXPECT_FALSE(fs::exists(dir + "/out/metrics.jsonl")) << "no training step ran";
 }
 
+TEST(HostileInput, HuggingFaceConfigAndWeightsAreCheckedLikeTheRecipe) {
+  const std::string trained = scratch_dir("HiHfTrained");
+  ASSERT_EQ(run(trained, "--set training.steps=1").exit_code, 0);
+  const std::string hf = scratch_dir("HiHf");
+  const std::string recipe = write_file(hf + "-recipe.toml", "[model]\nname = 'qwen2'\nhf_dir = '" + hf +
+                                                                 "'\n[dataset]\nname = 'synthetic'\nseq_len = 32\n"
+                                                                 "vocab_size = 64\n[training]\nsteps = 1\n"
+                                                                 "micro_batch_size = 8\n[run]\noutput_dir = '" +
+                                                                 hf + "-out'\n");
+  const std::string config = read_file(trained + "/config.json");
+  fs::copy_file(trained + "/model.safetensors", hf + "/model.safetensors");
+  write_file(hf + "/config.json", config);
+  ASSERT_EQ(trainer("run " + recipe).exit_code, 0) << "the directory itself loads";
+  for (const auto& [from, to, message] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"\"hidden_size\": 64", "\"hidden_size\": -64", "'hidden_size' = -64 is outside"},
+           {"\"vocab_size\": 64", "\"vocab_size\": 1000000000000", "'vocab_size' = 1000000000000 is outside"},
+           {"\"rope_theta\": 10000", "\"rope_theta\": -1", "'rope_theta' = -1 is outside"},
+           {"\"hidden_size\": 64", "\"hidden_size\": 64.5", "'hidden_size' must be an integer"},
+           {"\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1", "12 tensor(s) the model (num_hidden_layers = 1)"}}) {
+    write_file(hf + "/config.json", config);
+    replace_in_file(hf + "/config.json", from, to);
+    const CommandResult result = trainer("run " + recipe);
+    EXPECT_EQ(result.exit_code, 2) << to << "\n" << result.output;
+    EXPECT_TRUE(says(result, message)) << result.output;
+    if (message.find("is outside") != std::string::npos || message.find("integer") != std::string::npos) {
+      EXPECT_TRUE(says(result, hf + "/config.json")) << "the error names config.json\n" << result.output;
+    }
+  }
+  const CommandResult directory = run(scratch_dir("HiInitFrom"), "--set model.init_from=" + hf);
+  EXPECT_EQ(directory.exit_code, 2);
+  EXPECT_TRUE(says(directory, "is not a regular file")) << directory.output;
+}
+
+// A recipe with a small qwen2 and `dataset` (the [dataset] table's lines).
+std::string data_recipe(const std::string& dir, const std::string& dataset) {
+  return write_file(dir + "/recipe.toml", "[run]\noutput_dir = '" + dir + "/run'\n[model]\nname = 'qwen2'\n"
+                                              "vocab_size = 64\nhidden_size = 16\nintermediate_size = 32\n"
+                                              "num_attention_heads = 2\nnum_key_value_heads = 1\n[dataset]\n" +
+                                              dataset + "[training]\nsteps = 2\nmicro_batch_size = 2\n");
+}
+
+TEST(HostileInput, BadDataFailsAtStartNamingFileAndPlace) {
+  const std::string dir = scratch_dir("HiData");
+  // An id beyond the vocabulary deep in a tokens file: found before training.
+  std::vector<uint16_t> tokens(20000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i % 64);
+  tokens[15000] = 100;
+  std::ofstream(dir + "/tokens.bin", std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), 40000);
+  CommandResult result = trainer("run " + data_recipe(dir, "name = 'tokens'\npath = '" + dir +
+                                                               "/tokens.bin'\ndtype = 'uint16'\nseq_len = 16\nvocab_size = 64\n"));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "token 100 at position 15000")) << result.output;
+  EXPECT_FALSE(fs::exists(dir + "/run/metrics.jsonl"));
+  // Ids that are not integers, whatever they would round to.
+  for (const std::string id : {"2.5", "\"2\"", "1e2"}) {
+    write_file(dir + "/ids.jsonl", "{\"prompt_ids\": [1, " + id + "], \"completion_ids\": [3]}\n");
+    result = trainer("run " + data_recipe(dir, "name = 'jsonl'\npath = '" + dir + "/ids.jsonl'\nvocab_size = 64\n"));
+    EXPECT_EQ(result.exit_code, 2) << id << "\n" << result.output;
+    EXPECT_TRUE(says(result, "ids.jsonl:1: \"prompt_ids\"[1] is not an integer token id")) << result.output;
+  }
+  // Every completion cut off by truncation: nothing to train on, said at start.
+  write_file(dir + "/long.jsonl", "{\"prompt_ids\": [1, 2, 3, 4, 5, 6, 7, 8, 9], \"completion_ids\": [3]}\n");
+  result = trainer("run " + data_recipe(dir, "name = 'jsonl'\npath = '" + dir +
+                                                 "/long.jsonl'\nvocab_size = 64\nseq_len = 4\n"));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "no record has a target token after truncation to seq_len = 4")) << result.output;
+  // A FIFO as a data file would block forever: refused at once.
+  ASSERT_EQ(run_command("mkfifo " + dir + "/fifo").exit_code, 0);
+  for (const char* kind : {"jsonl", "tokens"}) {
+    result = run_command("timeout 60 " + std::string(TRAINER_BINARY) + " run " +
+                         data_recipe(dir, std::string("name = '") + kind + "'\npath = '" + dir + "/fifo'\nvocab_size = 64\n"));
+    EXPECT_EQ(result.exit_code, 2) << kind << "\n" << result.output;
+    EXPECT_TRUE(says(result, "is not one")) << result.output;
+  }
+  // A directory as the recipe.
+  result = trainer("run " + dir);
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_TRUE(says(result, dir + ": not a regular file")) << result.output;
+}
+
+TEST(HostileInput, ExportNeverReplacesWeightsAlreadyWritten) {
+  const std::string dir = scratch_dir("HiExport");
+  ASSERT_EQ(run(dir, "--set training.steps=1").exit_code, 0);
+  const std::string weights = read_file(dir + "/model.safetensors");
+  CommandResult result = trainer("export " + dir + " --to " + dir);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "is the directory exported from")) << result.output;
+  EXPECT_EQ(read_file(dir + "/model.safetensors"), weights);
+  const std::string to = scratch_dir("HiExportTo");
+  ASSERT_EQ(trainer("export " + dir + " --to " + to).exit_code, 0);
+  result = trainer("export " + dir + " --to " + to);
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_TRUE(says(result, "already holds a model.safetensors")) << result.output;
+}
+
 }  // namespace
 }  // namespace trainer
