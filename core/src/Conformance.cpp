@@ -360,10 +360,14 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
     if (split.world == 1) {
       run_conformance_worker(registry, request, split, WorldInfo{}, (dir / "rank0.jsonl").string());
     } else {
-      std::vector<std::string> args = {executable, "check-plugin", request.strategy, "--split",
-                                       fmt::format("{},{},{}", split.micro, split.accum, split.world),
-                                       "--device", request.device, "--backend", request.backend,
-                                       "--rank-report", dir.string()};
+      // Workers find plugins where this process found them (a third party's
+      // strategy is often known only through --plugin-dir).
+      std::vector<std::string> args = {executable};
+      for (const std::string& plugin_dir : request.plugin_dirs) args.insert(args.end(), {"--plugin-dir", plugin_dir});
+      args.insert(args.end(), {"check-plugin", request.strategy, "--split",
+                               fmt::format("{},{},{}", split.micro, split.accum, split.world), "--device",
+                               request.device, "--backend", request.backend, "--timeout",
+                               fmt::format("{}", request.timeout_s), "--rank-report", dir.string()});
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);

@@ -30,8 +30,9 @@ struct ConformanceRequest {
   std::string device = "cpu";
   std::string backend = "gloo";
   bool backend_at_one_rank = false;
-  bool bf16 = false;  ///< also run the bf16 accumulation check (on the world-size-1 splits)  ///< use the backend at world size 1 too (to test it there)
+  bool bf16 = false;  ///< also run the bf16 accumulation check (on the world-size-1 splits)
   double timeout_s = 120;
+  std::vector<std::string> plugin_dirs;  ///< --plugin-dir as given: workers search them too
   std::string report;     ///< JSONL output: one row per split and rank
 };
 

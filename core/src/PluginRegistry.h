@@ -3,6 +3,7 @@
 // outlive any scope, so the handles live until the process exits.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,7 +31,7 @@ class PluginRegistry {
   /// (contains '/' or ends in ".so"). Unknown: InputError listing the names.
   const LoadedPlugin& find(PluginKind kind, const std::string& name);
 
-  const std::vector<LoadedPlugin>& plugins() const { return plugins_; }
+  const std::deque<LoadedPlugin>& plugins() const { return plugins_; }
 
   /// Creates the plugin's component and checks it implements `Interface`.
   template <class Interface>
@@ -48,7 +49,9 @@ class PluginRegistry {
  private:
   const LoadedPlugin& add(const LoadedPlugin& plugin);
 
-  std::vector<LoadedPlugin> plugins_;
+  // A deque: loading one more plugin never moves the others, so the
+  // references find() and load_file() return (kept by recipes) stay valid.
+  std::deque<LoadedPlugin> plugins_;
 };
 
 /// The search order of DESIGN.md: explicit directories, then

@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -162,14 +164,28 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   if (!out) throw InputError(fmt::format("{}: cannot write: {}", temporary, std::strerror(errno)));
   const uint64_t header_bytes = header.size();
   bool ok = std::fwrite(&header_bytes, 8, 1, out) == 1 && std::fwrite(header.data(), 1, header.size(), out) == header.size();
+  // Tests: TRAINER_FAULT_INJECT=disk-full makes the write fail half way, as a full disk would.
+  const char* fault = std::getenv("TRAINER_FAULT_INJECT");
+  const bool disk_full = fault && std::string(fault) == "disk-full";
   for (const torch::Tensor& t : host) {
     const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+    if (disk_full && ok) {
+      std::fwrite(t.data_ptr(), 1, bytes / 2, out);
+      errno = ENOSPC;
+      ok = false;
+    }
     ok = ok && std::fwrite(t.data_ptr(), 1, bytes, out) == bytes;
   }
+  const int write_error = errno;
   ok = std::fflush(out) == 0 && ok;
   ok = fsync(fileno(out)) == 0 && ok;
+  if (disk_full) errno = write_error;
   std::fclose(out);
-  if (!ok) throw TrainingError(fmt::format("{}: write failed: {}", temporary, std::strerror(errno)));
+  if (!ok) {
+    const int error = errno;
+    std::remove(temporary.c_str());  // a partial file is no use to anyone and takes the space
+    throw TrainingError(fmt::format("{}: write failed: {}", temporary, std::strerror(error)));
+  }
   std::filesystem::rename(temporary, path);
 }
 

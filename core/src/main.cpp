@@ -175,6 +175,7 @@ int main(int argc, char** argv) {
                                rank_report + "/rank" + std::to_string(world.rank) + ".jsonl");
         return 0;
       }
+      check.plugin_dirs = common.plugin_dirs;
       return check_plugin(registry, check, "/proc/self/exe");
     }
     const Recipe recipe = load_recipe(recipe_file, overrides, registry);

@@ -98,6 +98,23 @@ TEST(ConformanceNegativeControl, BrokenAccumulatorsFail) {
   EXPECT_GT(row.at("bf16_error"), 100 * row.at("bf16_bound"));
 }
 
+// A strategy found only through --plugin-dir, as a third party's is: its
+// workers at world size > 1 must find it too.
+TEST(ConformanceThirdParty, StrategiesFoundThroughPluginDirAreCheckedAtEveryWorldSize) {
+  const std::string fixtures = std::string(TRAINER_FIXTURE_DIR) + "/strategies";
+  const std::string dir = scratch_dir("ConformanceThirdParty");
+  auto result = trainer("--plugin-dir " + fixtures + " check-plugin plain-allreduce --split 8,1,1 --split 2,2,2 "
+                        "--split 1,2,4 --timeout 60 --report " + dir + "/good.jsonl");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(read_metrics(dir + "/good.jsonl").size(), 1u + 2u + 4u) << "one row per rank of every split";
+  result = trainer("--plugin-dir " + fixtures + " check-plugin last-micro-only --split 2,2,2 --report " + dir + "/bad.jsonl");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.output.find("unknown strategy plugin"), std::string::npos) << result.output;
+  const std::vector<MetricsRow> rows = read_metrics(dir + "/bad.jsonl");
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_GT(rows[0].at("grad_error"), 1e-2);
+}
+
 TEST(ConformanceGpu, EveryStrategyOnCudaOverNcclMatchesTheReference) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {

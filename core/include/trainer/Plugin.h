@@ -16,7 +16,9 @@ namespace trainer {
 /// Bumped whenever PluginDescriptor, Context or any interface class changes
 /// layout or virtual functions. The loader compares it before reading any
 /// other field, so `abi_version` must stay the first member forever.
-inline constexpr uint32_t kAbiVersion = 1;
+/// core/include/trainer/abi-digest.txt records a digest of the SDK headers
+/// for each version; a test fails when the headers change and it does not.
+inline constexpr uint32_t kAbiVersion = 2;
 
 enum class PluginKind : uint32_t { Strategy = 0, Model = 1, Dataset = 2, Logger = 3, Comm = 4 };
 
