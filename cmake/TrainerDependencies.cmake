@@ -21,6 +21,8 @@ find_package(tomlplusplus QUIET)
 trainer_header_only(tomlplusplus::tomlplusplus toml++/toml.h)
 find_package(CLI11 QUIET)
 trainer_header_only(CLI11::CLI11 CLI/CLI.hpp)
+# xxHash, used header-only (XXH_INLINE_ALL): Debian's libxxhash-dev here, .deps on the GPU host.
+trainer_header_only(xxhash::xxhash xxhash.h)
 
 # CUDA parts (the nccl backend, GPU tests) follow LibTorch unless told otherwise.
 set(TRAINER_HAS_CUDA OFF)

@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "Files.h"
+#include "Manifest.h"
 #include "trainer/Errors.h"
 #include "trainer/Json.h"
 #include "trainer/Log.h"
@@ -21,10 +22,10 @@
 namespace trainer {
 
 namespace fs = std::filesystem;
+using namespace manifest;
 
 namespace {
 
-constexpr const char* kFormat = "trainer-checkpoint-1";
 const char* kStateNames[] = {"values", "exp_avg", "exp_avg_sq"};
 
 struct Chunk {
@@ -34,117 +35,6 @@ struct Chunk {
 Chunk canonical(int64_t n, int rank, int world) {
   const int64_t c = (n + world - 1) / world;
   return Chunk{std::min(n, rank * c), std::min(n, (rank + 1) * c)};
-}
-
-uint64_t file_hash(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  char buffer[1 << 16];
-  while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
-    for (std::streamsize i = 0; i < in.gcount(); ++i) hash = (hash ^ static_cast<unsigned char>(buffer[i])) * 0x100000001b3ULL;
-  }
-  return hash;
-}
-
-const Json& member(const Json& object, const char* key, const fs::path& file) {
-  const Json* value = object.find(key);
-  if (!value) throw InputError(fmt::format("{}: missing '{}'", file.string(), key));
-  return *value;
-}
-
-int64_t integer_member(const Json& object, const char* key, int64_t low, int64_t high, const fs::path& file) {
-  const Json& value = member(object, key, file);
-  if (!value.is_integer() || value.as_int() < low || value.as_int() > high) {
-    throw InputError(fmt::format("{}: '{}' must be an integer in [{}, {}]", file.string(), key, low, high));
-  }
-  return value.as_int();
-}
-
-const std::vector<Json>& array_member(const Json& object, const char* key, const fs::path& file) {
-  const Json& value = member(object, key, file);
-  if (!value.is_array()) throw InputError(fmt::format("{}: '{}' must be an array", file.string(), key));
-  return value.items();
-}
-
-// Every field resume and export rely on, checked before any is used: a
-// manifest edited by hand or damaged is an error naming the field, never a
-// crash or a silently wrong resume.
-void validate_manifest(const Json& manifest, const fs::path& file) {
-  constexpr int64_t kMax = int64_t(1) << 50;
-  const fs::path dir = file.parent_path();
-  const int64_t step = integer_member(manifest, "step", 0, kMax, file);
-  integer_member(manifest, "applied_updates", 0, step, file);
-  const int64_t world = integer_member(manifest, "world_size", 1, 1 << 20, file);
-  if (dir.filename().string() != fmt::format("step-{:08d}", step)) {
-    throw InputError(fmt::format("{}: 'step' is {} but the directory is {}", file.string(), step,
-                                 dir.filename().string()));
-  }
-  for (const char* key : {"fingerprint", "strategy"}) {
-    if (!member(manifest, key, file).is_string()) throw InputError(fmt::format("{}: '{}' must be a string", file.string(), key));
-  }
-  const std::vector<Json>& files = array_member(manifest, "files", file);
-  if (static_cast<int64_t>(files.size()) != world) {
-    throw InputError(fmt::format("{}: {} files listed for world size {}", file.string(), files.size(), world));
-  }
-  for (size_t r = 0; r < files.size(); ++r) {
-    // Only the names this format writes: a manifest never points outside its directory.
-    const Json& name = member(files[r], "name", file);
-    if (!name.is_string() || name.as_string() != fmt::format("rank-{:05d}.safetensors", r)) {
-      throw InputError(fmt::format("{}: file {} must be named rank-{:05d}.safetensors", file.string(), r, r));
-    }
-    integer_member(files[r], "bytes", 0, kMax, file);
-    if (!member(files[r], "fnv1a", file).is_string()) throw InputError(fmt::format("{}: 'fnv1a' must be a string", file.string()));
-  }
-  const std::vector<Json>& groups = array_member(manifest, "group_numel", file);
-  if (groups.empty() || groups.size() > 2) throw InputError(fmt::format("{}: 'group_numel' must list 1 or 2 groups", file.string()));
-  std::vector<int64_t> declared, counted(groups.size(), 0);
-  for (const Json& g : groups) {
-    if (!g.is_integer() || g.as_int() < 0) throw InputError(fmt::format("{}: 'group_numel' must hold counts", file.string()));
-    declared.push_back(g.as_int());
-  }
-  for (const Json& p : array_member(manifest, "parameters", file)) {
-    if (!member(p, "name", file).is_string() || !member(p, "decay", file).is_bool()) {
-      throw InputError(fmt::format("{}: each parameter needs a string 'name' and a bool 'decay'", file.string()));
-    }
-    const int64_t numel = integer_member(p, "numel", 0, kMax, file);
-    int64_t product = 1;
-    for (const Json& d : array_member(p, "shape", file)) {
-      if (!d.is_integer() || d.as_int() < 0 || d.as_int() > kMax) throw InputError(fmt::format("{}: bad shape", file.string()));
-      product *= d.as_int();
-      if (product > kMax) throw InputError(fmt::format("{}: bad shape", file.string()));
-    }
-    if (product != numel) {
-      throw InputError(fmt::format("{}: parameter '{}' has shape of {} elements but numel {}", file.string(),
-                                   member(p, "name", file).as_string(), product, numel));
-    }
-    const size_t group = member(p, "decay", file).as_bool() || groups.size() == 1 ? 0 : 1;
-    counted[group] += numel;
-  }
-  if (counted != declared) {
-    throw InputError(fmt::format("{}: the parameters add up to [{}] elements per group, 'group_numel' says [{}]",
-                                 file.string(), fmt::join(counted, ", "), fmt::join(declared, ", ")));
-  }
-}
-
-
-Json read_manifest(const fs::path& dir) {
-  const fs::path file = dir / "manifest.json";
-  std::ifstream in(file);
-  if (!in) throw InputError(fmt::format("{}: missing (not a complete checkpoint)", file.string()));
-  std::stringstream text;
-  text << in.rdbuf();
-  Json manifest;
-  try {
-    manifest = Json::parse(text.str());
-  } catch (const std::exception& error) {
-    throw InputError(fmt::format("{}: malformed: {}", file.string(), error.what()));
-  }
-  const Json* format = manifest.find("format");
-  if (!format || !format->is_string() || format->as_string() != kFormat) {
-    throw InputError(fmt::format("{}: not a {} manifest", file.string(), kFormat));
-  }
-  validate_manifest(manifest, file);
-  return manifest;
 }
 
 }  // namespace
@@ -199,9 +89,10 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
   if (const char* fault = std::getenv("TRAINER_FAULT_INJECT"); fault && std::string(fault) == "checkpoint-write") {
     _exit(9);  // tests: die with a checkpoint half written
   }
-  const torch::Tensor local = torch::tensor({static_cast<int64_t>(file_hash(shard)),
+  const Hash128 hash = file_xxh3(shard);
+  const torch::Tensor local = torch::tensor({static_cast<int64_t>(hash.high), static_cast<int64_t>(hash.low),
                                              static_cast<int64_t>(fs::file_size(shard))}, torch::kInt64);
-  torch::Tensor all = torch::zeros({2 * world}, torch::kInt64);
+  torch::Tensor all = torch::zeros({3 * world}, torch::kInt64);
   const torch::Device device = slices.empty() ? torch::Device(torch::kCPU) : slices.front().values.device();
   torch::Tensor all_device = all.to(device);
   comm.all_gather(local.to(device), all_device);
@@ -211,21 +102,24 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
     std::string groups, files, parameters;
     for (size_t g = 0; g < group_numel.size(); ++g) groups += fmt::format("{}{}", g ? ", " : "", group_numel[g]);
     for (int r = 0; r < world; ++r) {
-      files += fmt::format("{}{{\"name\": \"rank-{:05d}.safetensors\", \"fnv1a\": \"{:016x}\", \"bytes\": {}}}",
-                           r ? ", " : "", r, static_cast<uint64_t>(all[2 * r].item<int64_t>()), all[2 * r + 1].item<int64_t>());
+      const Hash128 h{static_cast<uint64_t>(all[3 * r].item<int64_t>()), static_cast<uint64_t>(all[3 * r + 1].item<int64_t>())};
+      files += fmt::format("{}{{\"name\": \"rank-{:05d}.safetensors\", \"xxh3_128\": \"{}\", \"bytes\": {}}}",
+                           r ? ", " : "", r, h.hex(), all[3 * r + 2].item<int64_t>());
     }
     for (const NamedParameter& p : model.parameters()) {
       parameters += fmt::format("{}{{\"name\": \"{}\", \"numel\": {}, \"shape\": [{}], \"decay\": {}}}",
                                 parameters.empty() ? "" : ", ", json_escape(p.name), p.tensor.numel(),
                                 fmt::join(p.tensor.sizes(), ", "), p.decay ? "true" : "false");
     }
-    write_file_atomically(temporary / "manifest.json",
+    const std::string manifest_text =
                       fmt::format("{{\"format\": \"{}\", \"step\": {}, \"applied_updates\": {}, \"world_size\": {}, "
                                   "\"strategy\": \"{}\", \"fingerprint\": \"{}\", \"sampler\": \"a function of (seed, "
                                   "step): resumes at step {}\", \"rng\": \"none used by training\", "
                                   "\"group_numel\": [{}], \"files\": [{}], \"parameters\": [{}]}}\n",
                                   kFormat, position.step, position.applied_updates, world, json_escape(strategy_name_),
-                                  fingerprint_, position.step, groups, files, parameters));
+                                  fingerprint_, position.step, groups, files, parameters);
+    write_file_atomically(temporary / "manifest.json", manifest_text);
+    write_file_atomically(temporary / "manifest.xxh3", text_xxh3(manifest_text) + "\n");
     if (const std::string config = model.hf_config(); !config.empty()) write_file_atomically(temporary / "config.json", config);
     fsync_path(temporary);
     remove_tree(final_dir.string());
@@ -245,7 +139,7 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
 }
 
 void Checkpointer::verify(const std::string& dir) {
-  const Json manifest = read_manifest(dir);
+  const Json manifest = trainer::manifest::read(dir);
   const fs::path file = fs::path(dir) / "manifest.json";
   for (const Json& f : member(manifest, "files", file).items()) {
     const fs::path shard = fs::path(dir) / member(f, "name", file).as_string();
@@ -255,10 +149,12 @@ void Checkpointer::verify(const std::string& dir) {
       throw InputError(fmt::format("{}: {} bytes, the manifest says {} (truncated?)", shard.string(), bytes,
                                    member(f, "bytes", file).as_int()));
     }
-    const std::string hash = fmt::format("{:016x}", file_hash(shard));
-    if (hash != member(f, "fnv1a", file).as_string()) {
+    const bool old_format = member(manifest, "format", file).as_string() == kFormat1;
+    const char* key = old_format ? "fnv1a" : "xxh3_128";
+    const std::string hash = old_format ? fmt::format("{:016x}", file_fnv1a(shard)) : file_xxh3(shard).hex();
+    if (hash != member(f, key, file).as_string()) {
       throw InputError(fmt::format("{}: checksum {} differs from the manifest's {} (the file is corrupt)", shard.string(),
-                                   hash, member(f, "fnv1a", file).as_string()));
+                                   hash, member(f, key, file).as_string()));
     }
   }
 }
@@ -303,7 +199,7 @@ std::string Checkpointer::resolve(const std::string& resume) const {
 
 void export_checkpoint(const std::string& dir, const std::string& to) {
   Checkpointer::verify(dir);
-  const Json manifest = read_manifest(dir);
+  const Json manifest = trainer::manifest::read(dir);
   const fs::path file = fs::path(dir) / "manifest.json";
   const int world = static_cast<int>(member(manifest, "world_size", file).as_int());
   std::vector<int64_t> group_numel;
@@ -339,7 +235,7 @@ void export_checkpoint(const std::string& dir, const std::string& to) {
 }
 
 TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm) {
-  const Json manifest = read_manifest(dir);
+  const Json manifest = trainer::manifest::read(dir);
   const fs::path file = fs::path(dir) / "manifest.json";
   if (member(manifest, "fingerprint", file).as_string() != fingerprint_) {
     throw InputError(fmt::format("{}: written by a run with another model, dataset, optimizer or global batch size; "

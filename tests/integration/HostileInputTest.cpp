@@ -11,6 +11,9 @@
 #include <fstream>
 #include <thread>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "TestSupport.h"
 
 namespace trainer {
@@ -41,6 +44,17 @@ void replace_in_file(const std::string& path, const std::string& from, const std
   write_file(path, text);
 }
 
+// Rewrites manifest.xxh3 to match the manifest: a forged or buggy manifest
+// that passes its checksum, to reach the field checks behind it.
+void reseal(const std::string& manifest) {
+  const std::string text = read_file(manifest);
+  const XXH128_hash_t hash = XXH3_128bits(text.data(), text.size());
+  char hex[33];
+  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(hash.high64),
+                static_cast<unsigned long long>(hash.low64));
+  write_file(fs::path(manifest).parent_path().string() + "/manifest.xxh3", std::string(hex) + "\n");
+}
+
 TEST(HostileInput, DamagedManifestIsAnErrorAndLosesNothing) {
   const std::string dir = scratch_dir("HiManifest");
   ASSERT_EQ(run(dir, "--set training.steps=2 --set checkpoint.interval=2").exit_code, 0);
@@ -54,6 +68,10 @@ TEST(HostileInput, DamagedManifestIsAnErrorAndLosesNothing) {
            {"rank-00000.safetensors", "../rank-00000.safetensors", "must be named rank-00000.safetensors"}}) {
     write_file(manifest, original);
     replace_in_file(manifest, from, to);
+    const CommandResult edited = run(dir, "--set training.steps=4 --set checkpoint.resume=auto");
+    EXPECT_EQ(edited.exit_code, 2) << edited.output;
+    EXPECT_TRUE(says(edited, "(the manifest was edited or damaged)")) << edited.output;
+    reseal(manifest);
     const CommandResult resumed = run(dir, "--set training.steps=4 --set checkpoint.resume=auto");
     EXPECT_EQ(resumed.exit_code, 2) << to << "\n" << resumed.output;
     EXPECT_TRUE(says(resumed, message)) << resumed.output;
@@ -61,6 +79,30 @@ TEST(HostileInput, DamagedManifestIsAnErrorAndLosesNothing) {
     EXPECT_EQ(read_file(dir + "/metrics.jsonl"), metrics) << "the earlier run's metrics were replaced";
     EXPECT_TRUE(fs::exists(dir + "/checkpoints/step-00000002/rank-00000.safetensors"));
   }
+}
+
+// Checkpoints of the previous format (FNV-1a per file, no manifest checksum) still resume.
+TEST(HostileInput, PreviousCheckpointFormatStillResumes) {
+  const std::string straight = scratch_dir("HiFormat1Straight"), dir = scratch_dir("HiFormat1");
+  ASSERT_EQ(run(straight, "--set training.steps=4").exit_code, 0);
+  ASSERT_EQ(run(dir, "--set training.steps=2 --set checkpoint.interval=2").exit_code, 0);
+  const std::string step = dir + "/checkpoints/step-00000002";
+  const std::string shard = read_file(step + "/rank-00000.safetensors");
+  uint64_t fnv = 0xcbf29ce484222325ULL;
+  for (const unsigned char c : shard) fnv = (fnv ^ c) * 0x100000001b3ULL;
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(fnv));
+  std::string manifest = read_file(step + "/manifest.json");
+  const size_t at = manifest.find("\"xxh3_128\": \"");
+  ASSERT_NE(at, std::string::npos) << manifest;
+  manifest.replace(at, std::string("\"xxh3_128\": \"").size() + 32, std::string("\"fnv1a\": \"") + hex);
+  write_file(step + "/manifest.json", manifest);
+  replace_in_file(step + "/manifest.json", "trainer-checkpoint-2", "trainer-checkpoint-1");
+  fs::remove(step + "/manifest.xxh3");
+  const CommandResult resumed = run(dir, "--set training.steps=4 --set checkpoint.resume=auto");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(says(resumed, "resumed from " + step)) << resumed.output;
+  EXPECT_EQ(read_file(straight + "/summary.json"), read_file(dir + "/summary.json"));
 }
 
 TEST(HostileInput, TruncatedOrEmptyPluginIsNamedNotACrash) {

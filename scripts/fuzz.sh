@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of tests/fuzz with clang (ASan + UBSan) into
+# build-fuzz/ and runs each for FUZZ_SECONDS (default 60) from its seed
+# corpus in tests/fuzz/corpus/<target>; any crash, leak, hang or UB report
+# fails the script and leaves the input in build-fuzz/crash-<target>-*.
+# Found inputs worth keeping go into the seed corpus as regression cases.
+#   scripts/fuzz.sh [target...]     (targets: json metrics manifest)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+if ! command -v clang++ >/dev/null || ! dpkg-query -W -f='${Status}' libclang-rt-14-dev 2>/dev/null | grep -q "ok installed"; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get install -y -q clang libclang-rt-14-dev libfmt-dev libxxhash-dev >/dev/null ||
+    { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q clang libclang-rt-14-dev libfmt-dev libxxhash-dev >/dev/null; }
+fi
+seconds=${FUZZ_SECONDS:-60}
+out=build-fuzz
+mkdir -p "$out"
+flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DFMT_HEADER_ONLY
+       -Icore/include -Icore/src)
+declare -A sources=([json]="core/src/Json.cpp" [metrics]="core/src/Json.cpp core/src/Metrics.cpp"
+                    [manifest]="core/src/Json.cpp core/src/Manifest.cpp")
+declare -A names=([json]=Json [metrics]=Metrics [manifest]=Manifest)
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(json metrics manifest)
+status=0
+for t in "${targets[@]}"; do
+  # shellcheck disable=SC2086
+  clang++ "${flags[@]}" "tests/fuzz/Fuzz${names[$t]}.cpp" ${sources[$t]} -o "$out/fuzz-$t"
+  rm -rf "$out/corpus-$t" && mkdir -p "$out/corpus-$t"
+  if "$out/fuzz-$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+       -artifact_prefix="$out/crash-$t-" "$out/corpus-$t" "tests/fuzz/corpus/$t" >"$out/fuzz-$t.log" 2>&1; then
+    runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$out/fuzz-$t.log" | grep -o '[0-9]*$')
+    echo "fuzz $t: ${runs:-?} executions in ${seconds}s, no crash"
+  else
+    echo "fuzz $t: FAILED (see $out/fuzz-$t.log)"; tail -30 "$out/fuzz-$t.log"; status=1
+  fi
+done
+exit $status
