@@ -70,24 +70,48 @@ struct StateSlice {
 /// Call order per optimizer step: begin_step, then for each micro-step
 /// forward and backward (the last with is_last), then reduce_gradients, then
 /// exactly one of apply_update or discard_gradients. After either, gradients
-/// are zero for the next step. Used from one thread.
+/// are zero for the next step. Steps whose global batch has no target token
+/// (N_t = 0) are skipped by the loop: the strategy sees none of these calls.
+/// Every method is called on every rank, in the same order, from one thread;
+/// methods that communicate are collective. Autograd hooks a strategy
+/// installs run on autograd's threads during backward().
 class Strategy : public Component {
  public:
   ~Strategy() override;
-  /// Takes over the model's parameters (e.g. into flat buffers on `device`).
-  /// The model outlives the strategy; `comm` too.
+  /// Called once, before anything else. Takes over the model's parameters
+  /// (e.g. moves them into flat buffers on `device`, keeping the same tensor
+  /// objects, see NamedParameter) and may install hooks on them or unit hooks
+  /// on the model. The model and `comm` outlive the strategy; the strategy
+  /// keeps no other reference into the caller's memory.
   virtual void setup(Model& model, Comm& comm, const StrategyEnv& env) = 0;
+  /// Announced before the first micro-step of an optimizer step that will be
+  /// trained: how many micro-steps follow on this rank and N_t. Strategies
+  /// that need neither may ignore it.
   virtual void begin_step(const StepPlan& plan) = 0;
-  /// Runs the model on one micro-batch. Strategies that shard parameters
-  /// gather them here; others just call model.forward.
+  /// Runs the model on one micro-batch and returns its loss sum. Strategies
+  /// that shard parameters gather them here (or from unit hooks); others just
+  /// call model.forward. Must not scale the loss.
   virtual LossSum forward(Model& model, const Batch& batch) { return model.forward(batch); }
-  /// `loss` is loss_sum / N_t; the strategy backpropagates it unscaled.
+  /// `loss` is loss_sum / N_t (contract, point 3); the strategy backpropagates
+  /// it unscaled and adds the gradient into its fp32 accumulation (full or
+  /// sharded), never overwriting what earlier micro-steps of the step added.
+  /// It may start reductions during the backward; `micro.is_last` says no
+  /// micro-step follows before reduce_gradients.
   virtual void backward(const torch::Tensor& loss, const MicroStep& micro) = 0;
-  /// Completes the reduction of this step's gradients; returns the L2 norm
-  /// of the whole gradient (all ranks' shards combined), before clipping.
+  /// Collective. Completes every reduction of this step's gradients (after it
+  /// returns, gradient_slices() holds the summed gradient) and returns the L2
+  /// norm of the whole gradient over all ranks, before clipping, the same
+  /// value on every rank. The loop decides clipping and skipping from it.
   virtual double reduce_gradients() = 0;
+  /// One AdamW step with `args` on the state this rank owns, then whatever
+  /// makes every rank's parameters current again (e.g. an all-gather), then
+  /// zeroes the gradient accumulators. Collective.
   virtual void apply_update(const UpdateArgs& args) = 0;
+  /// Instead of apply_update (a non-finite step under on_nonfinite = "skip"):
+  /// zeroes the gradient accumulators and changes nothing else.
   virtual void discard_gradients() = 0;
+  /// This rank's bytes of model state, measured from the buffers it holds
+  /// (written to memory.json and checked against the ZeRO formulas).
   virtual MemoryReport memory() const = 0;
 
   /// After reduce_gradients(): the reduced gradient this rank holds (all of
@@ -95,8 +119,11 @@ class Strategy : public Component {
   virtual std::vector<FlatSlice> gradient_slices() const = 0;
   /// The fp32 parameter values this rank updates (all, or its shard).
   virtual std::vector<FlatSlice> parameter_slices() const = 0;
-  /// Views of the state this rank updates, padding excluded; together over
-  /// all ranks they cover every element at least once.
+  /// Views of the state this rank updates, padding excluded. Checkpoints are
+  /// written from them and loaded into them: rank r writes the canonical
+  /// chunk r of ceil(n / world) elements of every group, so the slices of
+  /// rank r must cover that chunk (every strategy that shards contiguously
+  /// by rank does), and together over all ranks they cover every element.
   virtual std::vector<StateSlice> state_slices() = 0;
   /// Called on every rank after the caller wrote into state_slices(): the
   /// strategy refreshes what derives from them (full parameters, bf16 copies).
