@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <sstream>
 
 #include "TestSupport.h"
 
@@ -65,6 +66,37 @@ TEST(Cli, BadRecipesExitWithTwoAndNameTheProblem) {
       EXPECT_TRUE(contains(result, c.expected)) << "expected '" << c.expected << "' in:\n" << result.output;
     }
   }
+}
+
+// The csv logger's rows hold the jsonl records' values exactly, and a
+// resumed run continues the file with every step once.
+TEST(Cli, CsvLoggerWritesTheJsonlColumnsAndSurvivesResume) {
+  const std::string dir = scratch_dir("CliCsv");
+  const std::string recipe = write_file(dir + "/recipe.toml", read_file(kQuickstart) +
+                                                                  "\n[[logger]]\nname = 'csv'\n[[logger]]\nname = 'jsonl'\n");
+  const std::string out = " --set run.output_dir=" + dir + "/run --set checkpoint.interval=2 --set training.steps=";
+  ASSERT_EQ(trainer("run " + recipe + out + "4").exit_code, 0);
+  const CommandResult resumed = trainer("run " + recipe + out + "6 --set checkpoint.resume=auto");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + dir + "/run/checkpoints/step-00000004"), std::string::npos)
+      << resumed.output;
+  std::istringstream csv(read_file(dir + "/run/metrics.csv"));
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, "step,loss,grad_norm,lr,target_tokens,samples,input_tokens,step_seconds,skipped");
+  const std::vector<MetricsRow> records = read_metrics(dir + "/run/metrics.jsonl");
+  ASSERT_EQ(records.size(), 6u);
+  size_t row = 0;
+  for (; std::getline(csv, line); ++row) {
+    ASSERT_LT(row, records.size()) << line;
+    std::istringstream fields(line);
+    std::string field;
+    for (const char* key : {"step", "loss", "grad_norm", "lr", "target_tokens", "samples", "input_tokens"}) {
+      std::getline(fields, field, ',');
+      EXPECT_EQ(std::stod(field), records[row].at(key)) << key << " of row " << row;
+    }
+  }
+  EXPECT_EQ(row, 6u);
 }
 
 TEST(Cli, BrokenPluginFilesExitWithTwo) {

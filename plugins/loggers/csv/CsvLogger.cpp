@@ -1,0 +1,89 @@
+// Logger `csv`: one wide CSV file, a header line and one row per optimizer
+// step with the columns of metrics.jsonl, flushed per row. Doubles carry 17
+// significant digits (non-finite ones are written nan / inf), so a
+// spreadsheet or pandas sees exactly what the jsonl file holds.
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "trainer/Errors.h"
+#include "trainer/Logger.h"
+
+namespace {
+
+using namespace trainer;
+
+constexpr const char* kHeader = "step,loss,grad_norm,lr,target_tokens,samples,input_tokens,step_seconds,skipped";
+
+class CsvLogger final : public Logger {
+ public:
+  CsvLogger(const Options& options, const Context& context) {
+    path_ = std::filesystem::path(options.text("path"));
+    if (path_.is_relative()) path_ = std::filesystem::path(context.output_dir) / path_;
+  }
+
+  void start(const RunInfo& info) override {
+    if (info.first_step > 0 && std::filesystem::exists(path_)) {
+      keep_until(info.first_step);
+      out_.open(path_, std::ios::app);
+    } else {
+      out_.open(path_, std::ios::trunc);
+      out_ << kHeader << "\n";
+    }
+    if (!out_) throw InputError(fmt::format("{}: cannot open for writing", path_.string()));
+  }
+
+  void log(const StepRecord& r) override {
+    out_ << fmt::format("{},{:.17g},{:.17g},{:.17g},{},{},{},{:.17g},{}\n", r.step, r.loss, r.grad_norm, r.lr,
+                        r.target_tokens, r.samples, r.input_tokens, r.step_seconds, r.skipped ? 1 : 0);
+    out_.flush();
+    if (!out_) throw TrainingError(fmt::format("{}: write failed", path_.string()));
+  }
+
+  void finish() override {
+    if (out_.is_open()) out_.flush();
+  }
+
+ private:
+  // A resumed run continues the file: the header and the rows up to the
+  // checkpoint's step are kept, later ones (written before a crash) dropped.
+  void keep_until(int64_t last_step) {
+    std::ifstream in(path_);
+    std::string kept = std::string(kHeader) + "\n", line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      const size_t comma = line.find(',');
+      if (comma == std::string::npos) continue;  // a torn last row of a crashed run
+      try {
+        if (std::stoll(line.substr(0, comma)) <= last_step) kept += line + "\n";
+      } catch (const std::exception&) {
+        // a torn last row of a crashed run
+      }
+    }
+    const std::filesystem::path temporary = path_.string() + ".tmp";
+    std::ofstream(temporary, std::ios::trunc) << kept;
+    std::filesystem::rename(temporary, path_);
+  }
+
+  std::filesystem::path path_;
+  std::ofstream out_;
+};
+
+constexpr KeySpec kKeys[] = {
+    {"path", ValueType::String, "'metrics.csv'", "output file, relative to the run's output directory"},
+};
+
+Component* create(const Options& options, const Context& context) { return new CsvLogger(options, context); }
+
+const PluginDescriptor* describe() {
+  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Logger, "csv", "0.1.0",
+                                           "one CSV row per optimizer step", TRAINER_TORCH_VERSION, kKeys,
+                                           std::size(kKeys), &create};
+  return &descriptor;
+}
+
+}  // namespace
+
+TRAINER_PLUGIN(describe)
