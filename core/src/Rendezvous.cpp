@@ -41,15 +41,29 @@ c10::intrusive_ptr<c10d::Store> join_store(const WorldInfo& world, std::chrono::
 void check_same_recipe(c10d::Store& store, const WorldInfo& world, const std::string& resolved_recipe) {
   const std::string mine = fmt::format("{:016x}", fnv1a(resolved_recipe));
   store.set(fmt::format("trainer/recipe/{}", world.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
-  for (int rank = 0; rank < world.world_size; ++rank) {
+  std::string mismatch;
+  for (int rank = 0; rank < world.world_size && mismatch.empty(); ++rank) {
     const std::vector<uint8_t> theirs_bytes = store.get(fmt::format("trainer/recipe/{}", rank));
     const std::string theirs(theirs_bytes.begin(), theirs_bytes.end());
     if (theirs != mine) {
-      throw InputError(fmt::format("rank {}'s resolved recipe (hash {}) differs from rank {}'s (hash {}): every rank "
-                                   "must run the same recipe and --set overrides",
-                                   world.rank, mine, rank, theirs));
+      mismatch = fmt::format("rank {}'s resolved recipe (hash {}) differs from rank {}'s (hash {}): every rank "
+                             "must run the same recipe and --set overrides",
+                             world.rank, mine, rank, theirs);
     }
   }
+  // Rank 0 hosts the store: it leaves only once every rank has compared, so
+  // that each one reports the mismatch itself rather than a lost connection.
+  store.set(fmt::format("trainer/recipe-checked/{}", world.rank), std::vector<uint8_t>{1});
+  if (world.rank == 0) {
+    std::vector<std::string> keys;
+    for (int rank = 0; rank < world.world_size; ++rank) keys.push_back(fmt::format("trainer/recipe-checked/{}", rank));
+    try {
+      store.wait(keys);
+    } catch (const std::exception&) {
+      // a rank that never comes is reported by the collective that waits for it
+    }
+  }
+  if (!mismatch.empty()) throw InputError(mismatch);
 }
 
 std::unique_ptr<Comm> connect_world(PluginRegistry& registry, const std::string& backend, const WorldInfo& world,

@@ -88,7 +88,7 @@ TEST(PluginRegistry, UnknownNameListsTheKind) {
     registry.find(PluginKind::Logger, "tensorbored");
     FAIL();
   } catch (const InputError& error) {
-    EXPECT_NE(std::string(error.what()).find("unknown logger plugin 'tensorbored'; available: console, jsonl"),
+    EXPECT_NE(std::string(error.what()).find("unknown logger plugin 'tensorbored'; available: console, csv, jsonl"),
               std::string::npos)
         << error.what();
   }
