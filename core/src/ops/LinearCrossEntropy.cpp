@@ -8,9 +8,9 @@
 // the weight gradient [vocab, dim] in fp32.
 // Traffic per logit: the GEMM's write, the widening copy, log-softmax
 // (read, write fp32), exp into the compute dtype (read fp32, write), the two
-// GEMMs' reads. The
-// composite form (fp32 logits, cross-entropy, its backward, a cast) moves
-// about three times as many bytes and keeps [rows, vocab] fp32 alive.
+// GEMMs' reads. The composite form (fp32 logits, cross-entropy, its
+// backward, a cast) moves about three times as many bytes and keeps
+// [rows, vocab] fp32 alive.
 #include "trainer/ops/LinearCrossEntropy.h"
 
 #include <algorithm>
