@@ -21,7 +21,10 @@ Arms, each its own process, all in one run:
 The first --warmup steps are left out of the timing. MFU = (6 N + 12 L H T)
 FLOPs per token x tokens/s / the bf16 matmul rate measured at the start of
 the run. Peak memory is nvidia-smi's figure for each process (sampled every
-50 ms), the same measurement for every arm. Run from the project root:
+50 ms), the same measurement for every arm; beside it the caching
+allocator's own peaks (allocated, reserved: torch.cuda's for Hugging Face,
+metrics.jsonl's for the trainer) show what the tensors need and what
+fragmentation adds. Run from the project root:
 
     python3 bench/bench.py --trainer build-gpu/bin/trainer --shape 0.5b
 """
@@ -129,6 +132,7 @@ name = "{strategy}"
 name = "console"
 interval = 5
 """)
+    overrides = [f"run.peak_tflops={args.peak_tflops}"] + overrides
     command = [args.trainer, "run", recipe] + [a for o in overrides for a in ("--set", o)]
     process = subprocess.Popen(command, stdout=sys.stderr, stderr=sys.stderr)
     memory = PeakMemory(process.pid)
@@ -137,9 +141,11 @@ interval = 5
         memory.stop()
         return None
     peak = memory.stop()
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))][args.warmup:]
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    allocator = (max(r["memory_allocated_bytes"] for r in rows) / 2**30, max(r["memory_reserved_bytes"] for r in rows) / 2**30)
+    rows = rows[args.warmup:]
     seconds = sum(r["step_seconds"] for r in rows)
-    return sum(r["input_tokens"] for r in rows) / seconds, peak, rows[-1]["loss"]
+    return sum(r["input_tokens"] for r in rows) / seconds, peak, rows[-1]["loss"], allocator
 
 
 HUGGING_FACE = r"""
@@ -168,7 +174,7 @@ for step in range(STEPS):
     optimizer.zero_grad(set_to_none=True)
     torch.cuda.synchronize(); times.append(time.perf_counter() - start)
     if step % 5 == 0: print(f"NAME step {step + 1}: loss {loss.item():.4f}", file=sys.stderr)
-print(sum(times[WARMUP:]), loss.item())
+print(sum(times[WARMUP:]), loss.item(), torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30)
 """
 
 
@@ -183,8 +189,8 @@ def run_hugging_face(args, config, name, fused, compiled):
     if process.returncode != 0:
         print(f"{name} failed", file=sys.stderr)
         return None
-    seconds, loss = (float(x) for x in out.strip().splitlines()[-1].split())
-    return (args.steps - args.warmup) * args.micro_batch * args.seq / seconds, peak, loss
+    seconds, loss, allocated, reserved = (float(x) for x in out.strip().splitlines()[-1].split())
+    return (args.steps - args.warmup) * args.micro_batch * args.seq / seconds, peak, loss, (allocated, reserved)
 
 
 def main():
@@ -205,6 +211,7 @@ def main():
     np.random.default_rng(0).integers(0, config["vocab_size"], windows * args.seq + 1, dtype=np.uint32).tofile(
         os.path.join(work, "tokens.bin"))
     peak = matmul_rate()
+    args.peak_tflops = peak / 1e12
     per_token, params = flops_per_token(config, args.seq)
     results = {}
     for arm in args.arms.split(","):
@@ -219,19 +226,20 @@ def main():
     print(f"\nQwen2 {args.shape} shape: {params / 1e9:.3f}B parameters, bf16, micro-batch {args.micro_batch} x "
           f"{args.seq} tokens, {torch.cuda.get_device_name()}, measured bf16 matmul {peak / 1e12:.0f} TFLOP/s")
     base = results.get("compile-fused")
-    print(f"| run | tokens/s | vs compile | MFU | peak GiB | vs compile | last loss |")
-    print(f"| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(f"| run | tokens/s | vs compile | MFU | peak GiB | vs compile | allocated / reserved GiB | last loss |")
+    print(f"| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     table = []
     for name, result in results.items():
         if result is None:
-            print(f"| {name} | failed | | | | | |")
+            print(f"| {name} | failed | | | | | | |")
             continue
-        speed, memory, loss = result
+        speed, memory, loss, (allocated, reserved) = result
         ratio = f"{speed / base[0]:.2f}x" if base else "-"
         memory_ratio = f"{memory / base[1]:.2f}x" if base else "-"
         print(f"| {name} | {speed:.0f} | {ratio} | {speed * per_token / peak:.1%} | {memory:.1f} | {memory_ratio} "
-              f"| {loss:.4f} |")
-        table.append(dict(run=name, tokens_per_second=speed, mfu=speed * per_token / peak, peak_gib=memory, loss=loss))
+              f"| {allocated:.1f} / {reserved:.1f} | {loss:.4f} |")
+        table.append(dict(run=name, tokens_per_second=speed, mfu=speed * per_token / peak, peak_gib=memory, loss=loss,
+                          allocated_gib=allocated, reserved_gib=reserved))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(shape=args.shape, matmul_tflops=peak / 1e12, parameters=params, rows=table), f, indent=1)

@@ -14,6 +14,10 @@ constexpr KeySpec kRunKeys[] = {
     {"seed", VT::Int, "0", "seed of parameter init, data and sampling", 0, 9.0e15},
     {"output_dir", VT::String, "''", "where recipe.toml and metrics.jsonl go; '' means runs/<name>"},
     {"device", VT::String, "'cpu'", "compute device", -kInf, kInf, "cpu|cuda"},
+    {"peak_tflops", VT::Float, "0",
+     "per-rank peak TFLOP/s that MFU is relative to; 0: measured at start on CUDA (a bf16 or fp32 matmul), "
+     "no MFU on the CPU",
+     0, 1e9},
 };
 constexpr KeySpec kTrainingKeys[] = {
     {"steps", VT::Int, "100", "optimizer steps to run", 1, 1e12},

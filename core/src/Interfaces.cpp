@@ -1,5 +1,8 @@
 // Key functions of the SDK's interfaces: defining them here makes
 // libtrainer_core.so the one home of their vtables and typeinfo.
+#include <cmath>
+#include <limits>
+
 #include "trainer/Comm.h"
 #include "trainer/Errors.h"
 #include "trainer/Dataset.h"
@@ -16,6 +19,29 @@ torch::Tensor Model::logits(const torch::Tensor&) {
 UnitHooks::~UnitHooks() = default;
 Dataset::~Dataset() = default;
 Logger::~Logger() = default;
+
+std::vector<MetricField> metric_fields(const StepRecord& r) {
+  using K = MetricField::Kind;
+  const double unknown = std::numeric_limits<double>::quiet_NaN();
+  auto bytes = [&](int64_t value) { return value < 0 ? unknown : static_cast<double>(value); };
+  return {
+      {"step", static_cast<double>(r.step), K::Integer},
+      {"loss", r.loss, K::Real},
+      {"grad_norm", r.grad_norm, K::Real},
+      {"lr", r.lr, K::Real},
+      {"target_tokens", static_cast<double>(r.target_tokens), K::Integer},
+      {"samples", static_cast<double>(r.samples), K::Integer},
+      {"input_tokens", static_cast<double>(r.input_tokens), K::Integer},
+      {"step_seconds", r.step_seconds, K::Real},
+      {"skipped", r.skipped ? 1.0 : 0.0, K::Bool},
+      {"tokens_per_second", r.tokens_per_second, K::Real},
+      {"mfu", r.mfu, K::Real},
+      {"data_seconds", r.data_seconds, K::Real},
+      {"memory_allocated_bytes", bytes(r.memory_allocated_bytes), K::Integer},
+      {"memory_reserved_bytes", bytes(r.memory_reserved_bytes), K::Integer},
+      {"rss_bytes", bytes(r.rss_bytes), K::Integer},
+  };
+}
 Strategy::~Strategy() = default;
 Comm::~Comm() = default;
 CommWork::~CommWork() = default;

@@ -69,22 +69,39 @@ void write_final_weights(Model& model, Strategy& strategy, Comm& comm, torch::De
   int64_t numel[2] = {0, 0};  // decay, no decay: flatten_parameters' order
   for (const NamedParameter& p : params) numel[p.decay ? 0 : 1] += p.tensor.numel();
   std::vector<int> group_of_kind;  // kind (0 decay, 1 no decay) -> group index, -1 when empty
-  std::vector<torch::Tensor> full;
+  std::vector<int64_t> group_numel;
   for (int kind = 0; kind < 2; ++kind) {
-    group_of_kind.push_back(numel[kind] > 0 ? static_cast<int>(full.size()) : -1);
-    if (numel[kind] > 0) full.push_back(torch::zeros({numel[kind]}, torch::TensorOptions().device(device)));
+    group_of_kind.push_back(numel[kind] > 0 ? static_cast<int>(group_numel.size()) : -1);
+    if (numel[kind] > 0) group_numel.push_back(numel[kind]);
   }
+  // Assembled on the host one device chunk at a time: a device copy of all
+  // parameters at once would set the run's peak device memory at its end.
+  // Each rank contributes the part of its slices inside its own 1/world
+  // range (slices may be replicated), and a sum assembles every chunk.
+  constexpr int64_t kChunk = int64_t(64) << 20;  // elements: 256 MiB of fp32
   torch::NoGradGuard no_grad;
-  for (const FlatSlice& slice : strategy.parameter_slices()) {
-    const int64_t n = full.at(slice.group).numel();
-    const int64_t chunk = (n + comm.world_size() - 1) / comm.world_size();
-    const int64_t begin = std::max(slice.offset, comm.rank() * chunk);
-    const int64_t end = std::min({slice.offset + slice.values.numel(), (comm.rank() + 1) * chunk, n});
-    if (end > begin) {
-      full[slice.group].narrow(0, begin, end - begin).copy_(slice.values.narrow(0, begin - slice.offset, end - begin));
+  const std::vector<FlatSlice> slices = strategy.parameter_slices();
+  std::vector<torch::Tensor> full;
+  for (size_t g = 0; g < group_numel.size(); ++g) {
+    const int64_t n = group_numel[g];
+    full.push_back(writer ? torch::empty({n}) : torch::Tensor());
+    const int64_t share = (n + comm.world_size() - 1) / comm.world_size();
+    const int64_t mine_begin = comm.rank() * share, mine_end = std::min(n, mine_begin + share);
+    for (int64_t start = 0; start < n; start += kChunk) {
+      const int64_t end_of_chunk = std::min(n, start + kChunk);
+      torch::Tensor part = torch::zeros({end_of_chunk - start}, torch::TensorOptions().device(device));
+      for (const FlatSlice& slice : slices) {
+        if (slice.group != g) continue;
+        const int64_t begin = std::max({slice.offset, mine_begin, start});
+        const int64_t end = std::min({slice.offset + slice.values.numel(), mine_end, end_of_chunk});
+        if (end > begin) {
+          part.narrow(0, begin - start, end - begin).copy_(slice.values.narrow(0, begin - slice.offset, end - begin));
+        }
+      }
+      if (comm.world_size() > 1) comm.all_reduce_sum(part);
+      if (writer) full[g].narrow(0, start, end_of_chunk - start).copy_(part);
     }
   }
-  for (torch::Tensor& group : full) comm.all_reduce_sum(group);
   if (!writer) return;
   std::vector<std::pair<std::string, torch::Tensor>> named;
   int64_t offset[2] = {0, 0};

@@ -18,6 +18,7 @@
 #include <torch/cuda.h>
 
 #include "Checkpoint.h"
+#include "DeviceStats.h"
 #include "Files.h"
 #include "LrSchedule.h"
 #include "RunLock.h"
@@ -245,6 +246,14 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   info.world_size = shape.world_size;
   info.strategy = recipe.strategy.plugin->descriptor->name;
   info.parameters = parameter_count;
+  info.flops_per_token = model->flops_per_token(dataset->seq_len());
+  info.peak_flops = recipe.run.real("peak_tflops") * 1e12;
+  if (info.peak_flops == 0.0 && device.is_cuda()) {
+    info.peak_flops = measure_matmul_flops(device, compute_dtype);
+    log::info(fmt::format("measured {} matmul rate: {:.0f} TFLOP/s per rank (MFU is relative to it; "
+                          "run.peak_tflops sets it instead)",
+                          compute_dtype == torch::kBFloat16 ? "bf16" : "fp32", info.peak_flops / 1e12));
+  }
   const std::string checkpoint_root = recipe.checkpoint.text("dir").empty()
                                           ? (fs::path(context.output_dir) / "checkpoints").string()
                                           : recipe.checkpoint.text("dir");
@@ -275,6 +284,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   int64_t applied_updates = position.applied_updates;  // Adam's step count: once per applied optimizer step
   for (int64_t step = position.step; step < steps; ++step) {
     const Clock::time_point step_start = Clock::now();
+    reset_memory_peaks(device);
     // Prefetch the whole accumulation window so N_t is known before the
     // first backward (contract, point 2).
     const std::vector<int64_t> global = sampler.global_batch(step, global_batch_size);
@@ -282,6 +292,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
     for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
       micro_batches.push_back(collate(*dataset, dataset_name, local_micro_batch(global, shape, comm->rank(), m), device));
     }
+    const double data_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
     int64_t local_counts[2] = {0, 0};
     for (const MicroBatch& micro : micro_batches) {
       local_counts[0] += micro.batch.target_tokens;
@@ -338,6 +349,15 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
     const Clock::time_point step_end = Clock::now();
     record.step_seconds = std::chrono::duration<double>(step_end - step_start).count();
     record.elapsed_seconds = std::chrono::duration<double>(step_end - run_start).count();
+    record.data_seconds = data_seconds;
+    record.tokens_per_second = record.step_seconds > 0 ? record.input_tokens / record.step_seconds : 0.0;
+    record.mfu = info.flops_per_token > 0 && info.peak_flops > 0
+                     ? info.flops_per_token * record.tokens_per_second / (info.peak_flops * comm->world_size())
+                     : std::numeric_limits<double>::quiet_NaN();
+    const MemoryPeaks peaks = memory_peaks(device);
+    record.memory_allocated_bytes = peaks.allocated_bytes;
+    record.memory_reserved_bytes = peaks.reserved_bytes;
+    record.rss_bytes = peaks.rss_bytes;
     loggers.log(record);
 
     // Every rank stops at the same step: the signal may reach them apart.

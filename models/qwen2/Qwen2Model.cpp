@@ -116,13 +116,24 @@ class Qwen2Model final : public Model {
     // The head and the loss in one op: no full logits, the loss *sum*.
     const Tensor loss_sum = run(batch.input_ids, [&](const Tensor& x) {
       return ops::linear_cross_entropy_sum(x.reshape({rows, config_.hidden_size}), lm_head_,
-                                           batch.labels.reshape({rows}));
+                                           batch.labels.reshape({rows}), /*chunk_rows=*/0, batch.target_tokens);
     });
     return LossSum{loss_sum, batch.target_tokens};
   }
 
   Tensor logits(const Tensor& input_ids) override {
     return run(input_ids, [&](const Tensor& x) { return torch::linear(x, lm_head_); });
+  }
+
+  // 6 N for the matrices the tokens multiply (the blocks' and the head's:
+  // the embedding is a lookup; norms and biases left out) plus attention's
+  // 12 L H T (PaLM, appendix B).
+  double flops_per_token(int64_t seq_len) const override {
+    const Config& c = config_;
+    const double h = c.hidden_size, kv = static_cast<double>(c.num_kv_heads * c.head_dim());
+    const double per_layer = 2 * h * h + 2 * h * kv + 3 * h * c.intermediate_size;
+    const double matrices = c.num_layers * per_layer + c.vocab_size * h;
+    return 6 * matrices + 12.0 * c.num_layers * h * seq_len;
   }
 
   std::string hf_config() const override {
@@ -162,20 +173,28 @@ class Qwen2Model final : public Model {
   // One decoder block: q/k/v as one GEMM (the projections lie back to back
   // in the flat parameter buffers), RoPE fused into the split into heads,
   // grouped-query attention without repeating k/v, gate/up as one GEMM and
-  // a fused SwiGLU.
+  // a fused SwiGLU. The norms' and SwiGLU's outputs are not kept for
+  // backward but recomputed from their inputs (linear_of), which are kept
+  // anyway: per token and layer that saves 2 hidden + 1 intermediate width
+  // of activations for three elementwise passes.
   Tensor block(const Layer& l, const ops::RotaryTables& tables, const Tensor& x) const {
     const Config& c = config_;
     const int64_t b = x.size(0), t = x.size(1);
-    const Tensor h = ops::rms_norm(x, l.input_norm, c.rms_norm_eps);
-    const Tensor qkv = ops::linear(h, {l.q_weight, l.k_weight, l.v_weight}, {l.q_bias, l.k_bias, l.v_bias});
+    const double eps = c.rms_norm_eps;
+    const ops::InputFunction norm = [eps](const Tensor& s, const std::vector<Tensor>& w) {
+      return ops::rms_norm(s, w[0], eps);
+    };
+    const ops::InputFunction swiglu = [](const Tensor& s, const std::vector<Tensor>&) { return ops::swiglu(s); };
+    const Tensor qkv =
+        ops::linear_of(norm, x, {l.input_norm}, {l.q_weight, l.k_weight, l.v_weight}, {l.q_bias, l.k_bias, l.v_bias});
     const ops::QkvHeads heads = ops::split_qkv_rotary(qkv, c.num_heads, c.num_kv_heads, tables);
     const Tensor attention = compat::causal_attention(heads.q.transpose(1, 2), heads.k.transpose(1, 2),
                                                       heads.v.transpose(1, 2))
                                  .transpose(1, 2)
                                  .reshape({b, t, c.hidden_size});
     const Tensor y = x + torch::linear(attention, l.o_weight);
-    const Tensor m = ops::rms_norm(y, l.post_attention_norm, c.rms_norm_eps);
-    return y + torch::linear(ops::swiglu(ops::linear(m, {l.gate_weight, l.up_weight})), l.down_weight);
+    const Tensor gate_up = ops::linear_of(norm, y, {l.post_attention_norm}, {l.gate_weight, l.up_weight});
+    return y + ops::linear_of(swiglu, gate_up, {}, {l.down_weight});
   }
 
   // Built once per sequence length, device and dtype, reused by every block and step.

@@ -1,5 +1,8 @@
 // The ops' CUDA paths (the project's kernels, LibTorch's fused RMSNorm and
 // AdamW) held to their CPU paths on the same inputs, values and gradients.
+#include <cmath>
+#include <limits>
+
 #include <gtest/gtest.h>
 
 #include <torch/autograd.h>
@@ -99,6 +102,44 @@ TEST(OpsGpu, LinearCrossEntropySumMatchesTheCpuPath) {
           ops::linear_cross_entropy_sum(h, w.to(h.device(), dtype), labels.to(h.device()), /*chunk_rows=*/50)};
     });
   }
+}
+
+// The fused softmax kernel against the fp64 CPU path, for the loss and both
+// gradients, at a vocabulary that is not a multiple of 4 (the kernel's
+// scalar path) and one that is (its vector loads), with -inf logits in a
+// row (a masked vocabulary entry) that must not turn the row's loss NaN.
+TEST(OpsGpu, LinearCrossEntropyKernelGivesTheLossAndBothGradients) {
+  REQUIRE_CUDA();
+  torch::manual_seed(5);
+  for (const int64_t vocab : {3001, 3000}) {
+    torch::Tensor labels = torch::randint(0, vocab, {300}, torch::kInt64);
+    labels.index_put_({torch::arange(0, 300, 7)}, kIgnoreIndex);
+    const torch::Tensor hidden = torch::randn({300, 64}), weight = torch::randn({vocab, 64}) * 0.2;
+    auto run = [&](torch::Device device, torch::Dtype dtype) {
+      const torch::Tensor h = hidden.to(device, dtype).detach().set_requires_grad(true);
+      const torch::Tensor w = weight.to(device, dtype).detach().set_requires_grad(true);
+      const torch::Tensor loss = ops::linear_cross_entropy_sum(h, w, labels.to(device), /*chunk_rows=*/64);
+      (loss * 0.5).backward();
+      return std::vector<torch::Tensor>{loss.detach(), h.grad(), w.grad()};
+    };
+    const std::vector<torch::Tensor> reference = run(torch::kCPU, torch::kFloat64);
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+      const std::vector<torch::Tensor> gpu = run(kCuda, dtype);
+      // bf16 inputs round the GEMM operands (2^-9 relative) before fp32 accumulation: 2e-2, as above.
+      const char* names[] = {"loss", "hidden gradient", "weight gradient"};
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_LT(relative_error(gpu[i], reference[i]), tolerance(dtype)) << names[i] << " " << dtype << " vocab " << vocab;
+      }
+    }
+  }
+  // A weight row of -inf against hidden rows of ones: logit -inf in every row
+  // (without gradients: the kernel's loss-only path).
+  const torch::Tensor h = torch::ones({2, 4}, torch::TensorOptions().device(kCuda));
+  torch::Tensor w = torch::zeros({8, 4}, torch::TensorOptions().device(kCuda));
+  w[3].fill_(-std::numeric_limits<float>::infinity());
+  const torch::Tensor labels = torch::tensor({1, 2}, torch::kInt64).to(kCuda);
+  const double loss = ops::linear_cross_entropy_sum(h, w, labels).item<double>();
+  EXPECT_NEAR(loss, 2 * std::log(7.0), 1e-5) << "a -inf logit counts as probability 0";
 }
 
 TEST(OpsGpu, FusedAdamWMatchesTheCpuUpdate) {

@@ -1,5 +1,7 @@
 // The command line: exit codes (0 ok, 2 bad input, 1 training failure), the
 // run's outputs, and every recipe in configs/ running.
+#include <cmath>
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -83,7 +85,9 @@ TEST(Cli, CsvLoggerWritesTheJsonlColumnsAndSurvivesResume) {
   std::istringstream csv(read_file(dir + "/run/metrics.csv"));
   std::string line;
   std::getline(csv, line);
-  EXPECT_EQ(line, "step,loss,grad_norm,lr,target_tokens,samples,input_tokens,step_seconds,skipped");
+  EXPECT_EQ(line,
+            "step,loss,grad_norm,lr,target_tokens,samples,input_tokens,step_seconds,skipped,tokens_per_second,mfu,"
+            "data_seconds,memory_allocated_bytes,memory_reserved_bytes,rss_bytes");
   const std::vector<MetricsRow> records = read_metrics(dir + "/run/metrics.jsonl");
   ASSERT_EQ(records.size(), 6u);
   size_t row = 0;
@@ -91,12 +95,49 @@ TEST(Cli, CsvLoggerWritesTheJsonlColumnsAndSurvivesResume) {
     ASSERT_LT(row, records.size()) << line;
     std::istringstream fields(line);
     std::string field;
-    for (const char* key : {"step", "loss", "grad_norm", "lr", "target_tokens", "samples", "input_tokens"}) {
+    for (const char* key : {"step", "loss", "grad_norm", "lr", "target_tokens", "samples", "input_tokens",
+                            "step_seconds", "skipped", "tokens_per_second", "mfu", "data_seconds"}) {
       std::getline(fields, field, ',');
-      EXPECT_EQ(std::stod(field), records[row].at(key)) << key << " of row " << row;
+      const double value = records[row].at(key);
+      if (std::isnan(value)) EXPECT_EQ(field, "nan") << key << " of row " << row;
+      else EXPECT_EQ(std::stod(field), value) << key << " of row " << row;
     }
+    std::getline(fields, field, ',');
+    EXPECT_EQ(field, "") << "memory_allocated_bytes does not apply on the CPU";
+    std::getline(fields, field, ',');
+    std::getline(fields, field, ',');
+    EXPECT_EQ(std::stod(field), records[row].at("rss_bytes"));
   }
   EXPECT_EQ(row, 6u);
+}
+
+// Throughput, MFU, data time and memory in every record: tokens/s is the
+// input tokens over the step's time; MFU is the model's FLOPs per token
+// (computed here independently from the quickstart shape) times tokens/s
+// over the given peak; the CPU reports its resident set, not CUDA memory.
+TEST(Cli, MetricsCarryThroughputMfuDataTimeAndMemory) {
+  const std::string dir = scratch_dir("CliMetrics");
+  const std::string recipe = write_file(dir + "/recipe.toml", read_file(kQuickstart) + "\n[[logger]]\nname = 'jsonl'\n");
+  const CommandResult run = trainer("run " + recipe + " --set run.output_dir=" + dir +
+                                    "/run --set training.steps=3 --set run.peak_tflops=0.25 --set logger.0.interval=1");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_TRUE(contains(run, "MFU ")) << run.output;
+  EXPECT_TRUE(contains(run, " GiB")) << run.output;
+  // hidden 64, kv width 2 x 16, intermediate 128, 2 layers, vocab 64, seq 32.
+  const double matrices = 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128) + 64 * 64;
+  const double flops_per_token = 6 * matrices + 12.0 * 2 * 64 * 32;
+  const std::vector<MetricsRow> records = read_metrics(dir + "/run/metrics.jsonl");
+  ASSERT_EQ(records.size(), 3u);
+  for (const MetricsRow& r : records) {
+    const double tps = r.at("input_tokens") / r.at("step_seconds");
+    EXPECT_NEAR(r.at("tokens_per_second"), tps, 1e-9 * tps);
+    EXPECT_NEAR(r.at("mfu"), flops_per_token * r.at("tokens_per_second") / 0.25e12, 1e-9 * r.at("mfu"));
+    EXPECT_GE(r.at("data_seconds"), 0.0);
+    EXPECT_LE(r.at("data_seconds"), r.at("step_seconds"));
+    EXPECT_GT(r.at("rss_bytes"), 16.0 * 1024 * 1024);
+    EXPECT_TRUE(std::isnan(r.at("memory_allocated_bytes")));
+    EXPECT_TRUE(std::isnan(r.at("memory_reserved_bytes")));
+  }
 }
 
 TEST(Cli, BrokenPluginFilesExitWithTwo) {

@@ -46,6 +46,24 @@ TEST(Ops, LinearCrossEntropySumMatchesCrossEntropyOfFullLogits) {
   }
 }
 
+// A caller that gives the target count (every row a target) gets the same
+// bits as one that lets the op count; a second backward is refused (the
+// first consumes the gradients formed in forward).
+TEST(Ops, LinearCrossEntropySumWithAGivenTargetCount) {
+  torch::manual_seed(8);
+  const torch::Tensor labels = torch::randint(0, 37, {23}, torch::kInt64);
+  const torch::Tensor h0 = torch::randn({23, 16}, kF64), w0 = torch::randn({37, 16}, kF64);
+  std::vector<torch::Tensor> results[2];
+  for (const bool given : {false, true}) {
+    const torch::Tensor h = leaf(h0.clone()), w = leaf(w0.clone());
+    const torch::Tensor loss = ops::linear_cross_entropy_sum(h, w, labels, 5, given ? 23 : -1);
+    loss.backward({}, /*retain_graph=*/true);
+    results[given] = {loss.detach(), h.grad(), w.grad()};
+    EXPECT_THROW(loss.backward(), c10::Error);
+  }
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(results[0][i], results[1][i])) << i;
+}
+
 TEST(Ops, LinearCrossEntropySumInBf16StaysWithinBf16Rounding) {
   torch::manual_seed(1);
   const torch::Tensor labels = torch::randint(0, 50, {64}, torch::kInt64);
@@ -104,6 +122,60 @@ TEST(Ops, StackedLinearEqualsSeparateLinearsWithOrWithoutAdjacentStorage) {
       EXPECT_LT(relative_error(b[i].grad(), b2[i].grad()), kFp64) << "bias " << i;
     }
   }
+}
+
+// linear_of keeps the norm's (or SwiGLU's) input instead of its output; the
+// values and every gradient (input, the norm's weight, each weight and bias)
+// are those of the plain composition: bit for bit with stacked weights (the
+// same GEMMs and the same autograd of f), and to fp64 rounding with one
+// weight (the plain form then takes torch::linear's own backward).
+TEST(Ops, LinearOfRecomputedInputGivesTheGradientsOfTheComposition) {
+  torch::manual_seed(7);
+  const double eps = 1e-6;
+  int calls = 0;
+  const ops::InputFunction norm = [eps, &calls](const torch::Tensor& s, const std::vector<torch::Tensor>& w) {
+    ++calls;
+    return ops::rms_norm(s, w[0], eps);
+  };
+  const torch::Tensor x0 = torch::randn({3, 4, 6}, kF64), n0 = torch::randn({6}, kF64);
+  const torch::Tensor w0 = torch::randn({5, 6}, kF64), w1 = torch::randn({3, 6}, kF64), b0 = torch::randn({5}, kF64),
+                      b1 = torch::randn({3}, kF64);
+  for (const bool one_weight : {false, true}) {
+    std::vector<torch::Tensor> grads[2];
+    torch::Tensor outputs[2];
+    for (const bool recomputed : {false, true}) {
+      const torch::Tensor x = leaf(x0.clone()), n = leaf(n0.clone()), a = leaf(w0.clone()), b = leaf(w1.clone()),
+                          c = leaf(b0.clone()), d = leaf(b1.clone());
+      std::vector<torch::Tensor> weights{a}, biases{c}, params{x, n, a, c};
+      if (!one_weight) {
+        weights.push_back(b);
+        biases.push_back(d);
+        params.push_back(b);
+        params.push_back(d);
+      }
+      calls = 0;
+      const torch::Tensor y = recomputed ? ops::linear_of(norm, x, {n}, weights, biases)
+                                         : ops::linear(ops::rms_norm(x, n, eps), weights, biases);
+      y.backward(torch::cos(torch::arange(y.numel(), kF64)).view(y.sizes()));
+      EXPECT_EQ(calls, recomputed ? 2 : 0) << "linear_of runs f in forward and again in backward";
+      outputs[recomputed] = y.detach();
+      for (const torch::Tensor& p : params) {
+        ASSERT_TRUE(p.grad().defined());
+        grads[recomputed].push_back(p.grad());
+      }
+    }
+    EXPECT_TRUE(torch::equal(outputs[0], outputs[1]));
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      if (one_weight) {
+        EXPECT_LT(relative_error(grads[1][i], grads[0][i]), kFp64) << "gradient " << i;
+      } else {
+        EXPECT_TRUE(torch::equal(grads[1][i], grads[0][i])) << "gradient " << i;
+      }
+    }
+  }
+  // Without gradients it is the plain composition.
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(ops::linear_of(norm, x0, {n0}, {w0}), torch::linear(ops::rms_norm(x0, n0, eps), w0)));
 }
 
 // Hugging Face's form: x * cos + rotate_half(x) * sin with tables of the full head width.

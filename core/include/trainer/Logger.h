@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "trainer/Plugin.h"
 
@@ -20,6 +21,8 @@ struct RunInfo {
   int world_size = 1;
   std::string strategy;
   int64_t parameters = 0;          ///< model parameter count
+  double flops_per_token = 0.0;    ///< training FLOPs per input token the model reports; 0: unknown
+  double peak_flops = 0.0;         ///< FLOP/s per rank that MFU is relative to; 0: unknown
 };
 
 /// One optimizer step. `loss` is (sum of token losses in the global batch) /
@@ -35,7 +38,29 @@ struct StepRecord {
   double step_seconds = 0.0;   ///< wall time of this step
   double elapsed_seconds = 0.0;
   bool skipped = false;        ///< no update applied (no target tokens, or non-finite gradient)
+  double tokens_per_second = 0.0;  ///< input_tokens / step_seconds, all ranks together
+  /// flops_per_token x tokens_per_second / (peak_flops x world size); NaN when either is unknown.
+  double mfu = 0.0;
+  double data_seconds = 0.0;   ///< of step_seconds: sampling and collating batches, copying them to the device
+  /// CUDA: peaks within this step of the caching allocator's allocated and
+  /// reserved bytes on rank 0's device; -1 on the CPU.
+  int64_t memory_allocated_bytes = -1;
+  int64_t memory_reserved_bytes = -1;
+  int64_t rss_bytes = -1;      ///< CPU: resident set size of rank 0's process after the step; -1 on CUDA
 };
+
+/// One field of a step record as the file loggers write it.
+struct MetricField {
+  enum class Kind { Integer, Real, Bool };
+  const char* name;
+  double value;  ///< NaN: unknown on this run (written null / empty)
+  Kind kind;
+};
+
+/// The record's fields, in the order and with the names every file logger
+/// (jsonl, csv, tensorboard) uses; memory fields that do not apply to the
+/// device are NaN.
+std::vector<MetricField> metric_fields(const StepRecord& record);
 
 /// Called on rank 0 only, from the training thread.
 class Logger : public Component {

@@ -77,6 +77,12 @@ class Model : public Component {
   /// The model's Hugging Face config.json, for exporting weights; "" when
   /// the model has no Hugging Face equivalent.
   virtual std::string hf_config() const { return ""; }
+  /// Training FLOPs (forward and backward) per token at sequence length
+  /// `seq_len`, for MFU in the metrics; 0 when unknown.
+  virtual double flops_per_token(int64_t seq_len) const {
+    (void)seq_len;
+    return 0.0;
+  }
 
   /// Installs (or, with nullptr, removes) the hooks; not owned.
   void set_unit_hooks(UnitHooks* hooks) { unit_hooks_ = hooks; }

@@ -1,4 +1,4 @@
-// Launchers of the project's own CUDA kernels (Rotary.cu, SwiGlu.cu). Plain
+// Launchers of the project's own CUDA kernels (Rotary.cu, SwiGlu.cu, CrossEntropy.cu). Plain
 // pointers and a stream: the kernels see no LibTorch header, so nvcc never
 // compiles LibTorch's headers. Built only where CUDA parts are on.
 #pragma once
@@ -30,6 +30,13 @@ void swiglu_forward(Dtype dtype, const void* gate_up, void* out, int64_t rows, i
 /// Gradient of swiglu_forward into d_gate_up ([rows, 2 * width]) from d_out and the saved input.
 void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows,
                      int64_t width, cudaStream_t stream);
+
+/// Per row of fp32 `logits` ([rows, vocab], contiguous) with target `targets[row]`:
+/// loss[row] = logsumexp - logit of the target (NaN for a target outside [0, vocab)), and,
+/// unless `grad` is null, grad = softmax - one-hot ([rows, vocab] in `grad_dtype`, Float32 or
+/// BFloat16; a Float32 `grad` may be `logits` itself).
+void cross_entropy_rows(Dtype grad_dtype, const float* logits, const int64_t* targets, float* loss, void* grad,
+                        int64_t rows, int64_t vocab, cudaStream_t stream);
 
 /// The CUDA error of the last launch as text, or nullptr when there was none.
 const char* last_error();

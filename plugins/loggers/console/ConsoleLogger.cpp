@@ -1,5 +1,6 @@
 // Logger `console`: one progress line every `interval` steps on stdout:
-// step/total, loss, lr, gradient norm, tokens/s, ETA.
+// step/total, loss, lr, gradient norm, tokens/s, MFU, memory, ETA.
+#include <cmath>
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -31,8 +32,17 @@ class ConsoleLogger final : public Logger {
     const double tokens_per_second = window_seconds_ > 0 ? window_tokens_ / window_seconds_ : 0.0;
     const int64_t done = r.step - first_step_;
     const double eta = done > 0 ? r.elapsed_seconds / done * (total_steps_ - r.step) : 0.0;
-    fmt::print("step {}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.1f}k tok/s | ETA {}{}\n", r.step,
-               total_steps_, r.loss, r.lr, r.grad_norm, tokens_per_second / 1000.0, clock_text(eta),
+    // MFU over the same window as tokens/s: the record's MFU scaled by the window's speed.
+    const std::string mfu = std::isfinite(r.mfu) && r.tokens_per_second > 0
+                                ? fmt::format(" | MFU {:.1f}%", 100.0 * r.mfu * tokens_per_second / r.tokens_per_second)
+                                : "";
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    const std::string memory =
+        r.memory_reserved_bytes >= 0
+            ? fmt::format(" | mem {:.1f}/{:.1f} GiB", r.memory_allocated_bytes / kGiB, r.memory_reserved_bytes / kGiB)
+            : r.rss_bytes >= 0 ? fmt::format(" | rss {:.2f} GiB", r.rss_bytes / kGiB) : "";
+    fmt::print("step {}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.1f}k tok/s{}{} | ETA {}{}\n", r.step,
+               total_steps_, r.loss, r.lr, r.grad_norm, tokens_per_second / 1000.0, mfu, memory, clock_text(eta),
                r.skipped ? " | skipped" : "");
     std::fflush(stdout);
     window_tokens_ = 0;

@@ -1,7 +1,9 @@
 // Logger `csv`: one wide CSV file, a header line and one row per optimizer
 // step with the columns of metrics.jsonl, flushed per row. Doubles carry 17
-// significant digits (non-finite ones are written nan / inf), so a
+// significant digits (non-finite ones are written nan / inf; a memory
+// figure that does not apply to the device is left empty), so a
 // spreadsheet or pandas sees exactly what the jsonl file holds.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -15,7 +17,12 @@ namespace {
 
 using namespace trainer;
 
-constexpr const char* kHeader = "step,loss,grad_norm,lr,target_tokens,samples,input_tokens,step_seconds,skipped";
+// The header: the names of metric_fields, in order.
+std::string header() {
+  std::string names;
+  for (const MetricField& f : metric_fields(StepRecord{})) names += (names.empty() ? "" : ",") + std::string(f.name);
+  return names;
+}
 
 class CsvLogger final : public Logger {
  public:
@@ -30,14 +37,19 @@ class CsvLogger final : public Logger {
       out_.open(path_, std::ios::app);
     } else {
       out_.open(path_, std::ios::trunc);
-      out_ << kHeader << "\n";
+      out_ << header() << "\n";
     }
     if (!out_) throw InputError(fmt::format("{}: cannot open for writing", path_.string()));
   }
 
   void log(const StepRecord& r) override {
-    out_ << fmt::format("{},{:.17g},{:.17g},{:.17g},{},{},{},{:.17g},{}\n", r.step, r.loss, r.grad_norm, r.lr,
-                        r.target_tokens, r.samples, r.input_tokens, r.step_seconds, r.skipped ? 1 : 0);
+    std::string row;
+    for (const MetricField& f : metric_fields(r)) {
+      if (!row.empty()) row += ",";
+      if (f.kind == MetricField::Kind::Real) row += fmt::format("{:.17g}", f.value);
+      else if (std::isfinite(f.value)) row += fmt::format("{:.0f}", f.value);  // unknown: empty
+    }
+    out_ << row << "\n";
     out_.flush();
     if (!out_) throw TrainingError(fmt::format("{}: write failed", path_.string()));
   }
@@ -51,7 +63,7 @@ class CsvLogger final : public Logger {
   // checkpoint's step are kept, later ones (written before a crash) dropped.
   void keep_until(int64_t last_step) {
     std::ifstream in(path_);
-    std::string kept = std::string(kHeader) + "\n", line;
+    std::string kept = std::string(header()) + "\n", line;
     std::getline(in, line);  // the header
     while (std::getline(in, line)) {
       const size_t comma = line.find(',');

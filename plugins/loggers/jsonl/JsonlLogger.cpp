@@ -35,11 +35,15 @@ class JsonlLogger final : public Logger {
   }
 
   void log(const StepRecord& r) override {
-    out_ << fmt::format(
-        "{{\"step\":{},\"loss\":{},\"grad_norm\":{},\"lr\":{},\"target_tokens\":{},\"samples\":{},"
-        "\"input_tokens\":{},\"step_seconds\":{},\"skipped\":{}}}\n",
-        r.step, number(r.loss), number(r.grad_norm), number(r.lr), r.target_tokens, r.samples, r.input_tokens,
-        number(r.step_seconds), r.skipped ? "true" : "false");
+    std::string line = "{";
+    for (const MetricField& f : metric_fields(r)) {
+      if (line.size() > 1) line += ",";
+      line += fmt::format("\"{}\":", f.name);
+      if (f.kind == MetricField::Kind::Bool) line += f.value != 0 ? "true" : "false";
+      else if (f.kind == MetricField::Kind::Integer && std::isfinite(f.value)) line += fmt::format("{:.0f}", f.value);
+      else line += number(f.value);
+    }
+    out_ << line << "}\n";
     out_.flush();
     if (!out_) throw TrainingError(fmt::format("{}: write failed", path_.string()));
   }

@@ -2,6 +2,7 @@
 // (q/k/v, gate/up): one GEMM each way instead of one per weight.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include <torch/types.h>
@@ -15,5 +16,17 @@ namespace trainer::ops {
 /// Gradients are returned per weight and bias, as views of one GEMM's result.
 torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
                      const std::vector<torch::Tensor>& biases = {});
+
+/// f(s, f_params), the cheap function in front of linear_of's GEMM.
+using InputFunction = std::function<torch::Tensor(const torch::Tensor&, const std::vector<torch::Tensor>&)>;
+
+/// linear(f(s, f_params), weights, biases) that keeps `s`, not f's output,
+/// for backward and runs f again there. For an elementwise f in front of a
+/// GEMM (a norm, an activation) this saves the memory of f's output for one
+/// more pass of f; the gradients are those of the plain composition. f's
+/// parameters (a norm's weight) go in `f_params` so that they receive their
+/// gradients. f must be deterministic and must outlive the backward.
+torch::Tensor linear_of(InputFunction f, const torch::Tensor& s, const std::vector<torch::Tensor>& f_params,
+                        const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases = {});
 
 }  // namespace trainer::ops
