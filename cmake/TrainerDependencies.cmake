@@ -23,6 +23,9 @@ find_package(CLI11 QUIET)
 trainer_header_only(CLI11::CLI11 CLI/CLI.hpp)
 # xxHash, used header-only (XXH_INLINE_ALL): Debian's libxxhash-dev here, .deps on the GPU host.
 trainer_header_only(xxhash::xxhash xxhash.h)
+# nlohmann-json: the JSON reader and writer (Debian nlohmann-json3-dev; .deps on the GPU host).
+find_package(nlohmann_json 3.9 QUIET)
+trainer_header_only(nlohmann_json::nlohmann_json nlohmann/json.hpp)
 
 # CUDA parts (the nccl backend, GPU tests) follow LibTorch unless told otherwise.
 set(TRAINER_HAS_CUDA OFF)

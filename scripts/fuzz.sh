@@ -4,26 +4,26 @@
 # corpus in tests/fuzz/corpus/<target>; any crash, leak, hang or UB report
 # fails the script and leaves the input in build-fuzz/crash-<target>-*.
 # Found inputs worth keeping go into the seed corpus as regression cases.
-#   scripts/fuzz.sh [target...]     (targets: json metrics manifest)
+#   scripts/fuzz.sh [target...]     (targets: safetensors metrics manifest recipe)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 if ! command -v clang++ >/dev/null || ! dpkg-query -W -f='${Status}' libclang-rt-14-dev 2>/dev/null | grep -q "ok installed"; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get install -y -q clang libclang-rt-14-dev libfmt-dev libxxhash-dev >/dev/null ||
-    { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q clang libclang-rt-14-dev libfmt-dev libxxhash-dev >/dev/null; }
+  $sudo apt-get install -y -q clang libclang-rt-14-dev libfmt-dev libxxhash-dev nlohmann-json3-dev >/dev/null ||
+    { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q clang libclang-rt-14-dev libfmt-dev libxxhash-dev nlohmann-json3-dev >/dev/null; }
 fi
 seconds=${FUZZ_SECONDS:-60}
 out=build-fuzz
 mkdir -p "$out"
 flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DFMT_HEADER_ONLY
        -Icore/include -Icore/src)
-declare -A sources=([json]="core/src/Json.cpp" [metrics]="core/src/Json.cpp core/src/Metrics.cpp"
-                    [manifest]="core/src/Json.cpp core/src/Manifest.cpp")
-declare -A names=([json]=Json [metrics]=Metrics [manifest]=Manifest)
+declare -A sources=([safetensors]="core/src/SafetensorsHeader.cpp" [metrics]="core/src/Metrics.cpp"
+                    [manifest]="core/src/Manifest.cpp")
+declare -A names=([safetensors]=Safetensors [metrics]=Metrics [manifest]=Manifest)
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(json metrics manifest)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors metrics manifest)
 status=0
 for t in "${targets[@]}"; do
   # shellcheck disable=SC2086

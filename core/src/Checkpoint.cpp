@@ -15,7 +15,7 @@
 #include "Files.h"
 #include "Manifest.h"
 #include "trainer/Errors.h"
-#include "trainer/Json.h"
+#include "trainer/JsonSupport.h"
 #include "trainer/Log.h"
 #include "trainer/Safetensors.h"
 
@@ -99,25 +99,29 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
   all = all_device.cpu();
 
   if (rank == 0) {
-    std::string groups, files, parameters;
-    for (size_t g = 0; g < group_numel.size(); ++g) groups += fmt::format("{}{}", g ? ", " : "", group_numel[g]);
+    Json files = Json::array(), parameters = Json::array();
     for (int r = 0; r < world; ++r) {
       const Hash128 h{static_cast<uint64_t>(all[3 * r].item<int64_t>()), static_cast<uint64_t>(all[3 * r + 1].item<int64_t>())};
-      files += fmt::format("{}{{\"name\": \"rank-{:05d}.safetensors\", \"xxh3_128\": \"{}\", \"bytes\": {}}}",
-                           r ? ", " : "", r, h.hex(), all[3 * r + 2].item<int64_t>());
+      files.push_back(Json{{"name", fmt::format("rank-{:05d}.safetensors", r)},
+                           {"xxh3_128", h.hex()},
+                           {"bytes", all[3 * r + 2].item<int64_t>()}});
     }
     for (const NamedParameter& p : model.parameters()) {
-      parameters += fmt::format("{}{{\"name\": \"{}\", \"numel\": {}, \"shape\": [{}], \"decay\": {}}}",
-                                parameters.empty() ? "" : ", ", json_escape(p.name), p.tensor.numel(),
-                                fmt::join(p.tensor.sizes(), ", "), p.decay ? "true" : "false");
+      parameters.push_back(Json{{"name", p.name}, {"numel", p.tensor.numel()}, {"shape", p.tensor.sizes().vec()},
+                                {"decay", p.decay}});
     }
-    const std::string manifest_text =
-                      fmt::format("{{\"format\": \"{}\", \"step\": {}, \"applied_updates\": {}, \"world_size\": {}, "
-                                  "\"strategy\": \"{}\", \"fingerprint\": \"{}\", \"sampler\": \"a function of (seed, "
-                                  "step): resumes at step {}\", \"rng\": \"none used by training\", "
-                                  "\"group_numel\": [{}], \"files\": [{}], \"parameters\": [{}]}}\n",
-                                  kFormat, position.step, position.applied_updates, world, json_escape(strategy_name_),
-                                  fingerprint_, position.step, groups, files, parameters);
+    const Json manifest{{"format", kFormat},
+                        {"step", position.step},
+                        {"applied_updates", position.applied_updates},
+                        {"world_size", world},
+                        {"strategy", strategy_name_},
+                        {"fingerprint", fingerprint_},
+                        {"sampler", fmt::format("a function of (seed, step): resumes at step {}", position.step)},
+                        {"rng", "none used by training"},
+                        {"group_numel", group_numel},
+                        {"files", files},
+                        {"parameters", parameters}};
+    const std::string manifest_text = manifest.dump(1) + "\n";
     write_file_atomically(temporary / "manifest.json", manifest_text);
     write_file_atomically(temporary / "manifest.xxh3", text_xxh3(manifest_text) + "\n");
     if (const std::string config = model.hf_config(); !config.empty()) write_file_atomically(temporary / "config.json", config);
@@ -141,20 +145,20 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
 void Checkpointer::verify(const std::string& dir) {
   const Json manifest = trainer::manifest::read(dir);
   const fs::path file = fs::path(dir) / "manifest.json";
-  for (const Json& f : member(manifest, "files", file).items()) {
-    const fs::path shard = fs::path(dir) / member(f, "name", file).as_string();
+  for (const Json& f : member(manifest, "files", file)) {
+    const fs::path shard = fs::path(dir) / member(f, "name", file).get<std::string>();
     if (!fs::exists(shard)) throw InputError(fmt::format("{}: missing (listed in {})", shard.string(), file.string()));
     const int64_t bytes = static_cast<int64_t>(fs::file_size(shard));
-    if (bytes != member(f, "bytes", file).as_int()) {
+    if (bytes != member(f, "bytes", file).get<int64_t>()) {
       throw InputError(fmt::format("{}: {} bytes, the manifest says {} (truncated?)", shard.string(), bytes,
-                                   member(f, "bytes", file).as_int()));
+                                   member(f, "bytes", file).get<int64_t>()));
     }
-    const bool old_format = member(manifest, "format", file).as_string() == kFormat1;
+    const bool old_format = member(manifest, "format", file).get<std::string>() == kFormat1;
     const char* key = old_format ? "fnv1a" : "xxh3_128";
     const std::string hash = old_format ? fmt::format("{:016x}", file_fnv1a(shard)) : file_xxh3(shard).hex();
-    if (hash != member(f, key, file).as_string()) {
+    if (hash != member(f, key, file).get<std::string>()) {
       throw InputError(fmt::format("{}: checksum {} differs from the manifest's {} (the file is corrupt)", shard.string(),
-                                   hash, member(f, key, file).as_string()));
+                                   hash, member(f, key, file).get<std::string>()));
     }
   }
 }
@@ -201,9 +205,9 @@ void export_checkpoint(const std::string& dir, const std::string& to) {
   Checkpointer::verify(dir);
   const Json manifest = trainer::manifest::read(dir);
   const fs::path file = fs::path(dir) / "manifest.json";
-  const int world = static_cast<int>(member(manifest, "world_size", file).as_int());
+  const int world = static_cast<int>(member(manifest, "world_size", file).get<int64_t>());
   std::vector<int64_t> group_numel;
-  for (const Json& n : member(manifest, "group_numel", file).items()) group_numel.push_back(n.as_int());
+  for (const Json& n : member(manifest, "group_numel", file)) group_numel.push_back(n.get<int64_t>());
   std::vector<torch::Tensor> groups;
   for (size_t g = 0; g < group_numel.size(); ++g) {
     std::vector<torch::Tensor> chunks;
@@ -217,13 +221,13 @@ void export_checkpoint(const std::string& dir, const std::string& to) {
   std::vector<std::pair<std::string, torch::Tensor>> named;
   int64_t offset[2] = {0, 0};
   const int decay_group = 0, plain_group = group_numel.size() > 1 ? 1 : 0;
-  for (const Json& p : member(manifest, "parameters", file).items()) {
-    const bool decay = member(p, "decay", file).as_bool();
+  for (const Json& p : member(manifest, "parameters", file)) {
+    const bool decay = member(p, "decay", file).get<bool>();
     const int kind = decay ? 0 : 1;
     std::vector<int64_t> shape;
-    for (const Json& d : member(p, "shape", file).items()) shape.push_back(d.as_int());
-    const int64_t numel = member(p, "numel", file).as_int();
-    named.emplace_back(member(p, "name", file).as_string(),
+    for (const Json& d : member(p, "shape", file)) shape.push_back(d.get<int64_t>());
+    const int64_t numel = member(p, "numel", file).get<int64_t>();
+    named.emplace_back(member(p, "name", file).get<std::string>(),
                        groups.at(decay ? decay_group : plain_group).narrow(0, offset[kind], numel).view(shape));
     offset[kind] += numel;
   }
@@ -237,23 +241,23 @@ void export_checkpoint(const std::string& dir, const std::string& to) {
 TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm) {
   const Json manifest = trainer::manifest::read(dir);
   const fs::path file = fs::path(dir) / "manifest.json";
-  if (member(manifest, "fingerprint", file).as_string() != fingerprint_) {
+  if (member(manifest, "fingerprint", file).get<std::string>() != fingerprint_) {
     throw InputError(fmt::format("{}: written by a run with another model, dataset, optimizer or global batch size; "
                                  "resume only what the checkpoint was made of", file.string()));
   }
   const std::vector<NamedParameter> params = model.parameters();
-  const std::vector<Json>& saved = member(manifest, "parameters", file).items();
+  const Json& saved = member(manifest, "parameters", file);
   bool same = saved.size() == params.size();
   for (size_t i = 0; same && i < params.size(); ++i) {
-    same = saved[i].find("name")->as_string() == params[i].name && saved[i].find("numel")->as_int() == params[i].tensor.numel();
+    same = member(saved[i], "name", file) == params[i].name && member(saved[i], "numel", file) == params[i].tensor.numel();
   }
   if (!same) throw InputError(fmt::format("{}: the model's parameters differ from the checkpoint's", file.string()));
-  const int saved_world = static_cast<int>(member(manifest, "world_size", file).as_int());
+  const int saved_world = static_cast<int>(member(manifest, "world_size", file).get<int64_t>());
   std::vector<int64_t> group_numel;
-  for (const Json& n : member(manifest, "group_numel", file).items()) group_numel.push_back(n.as_int());
+  for (const Json& n : member(manifest, "group_numel", file)) group_numel.push_back(n.get<int64_t>());
   std::vector<std::unique_ptr<SafetensorsReader>> readers;
-  for (const Json& f : member(manifest, "files", file).items()) {
-    readers.push_back(std::make_unique<SafetensorsReader>((fs::path(dir) / f.find("name")->as_string()).string()));
+  for (const Json& f : member(manifest, "files", file)) {
+    readers.push_back(std::make_unique<SafetensorsReader>((fs::path(dir) / member(f, "name", file).get<std::string>()).string()));
   }
   torch::NoGradGuard no_grad;
   for (StateSlice& s : strategy.state_slices()) {
@@ -276,10 +280,10 @@ TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, 
   strategy.state_loaded();
   comm.barrier();
   TrainingPosition position;
-  position.step = member(manifest, "step", file).as_int();
-  position.applied_updates = member(manifest, "applied_updates", file).as_int();
+  position.step = member(manifest, "step", file).get<int64_t>();
+  position.applied_updates = member(manifest, "applied_updates", file).get<int64_t>();
   log::info(fmt::format("resumed from {} (step {}, written by {} at world size {})", dir, position.step,
-                        member(manifest, "strategy", file).as_string(), saved_world));
+                        member(manifest, "strategy", file).get<std::string>(), saved_world));
   return position;
 }
 

@@ -49,23 +49,23 @@ uint64_t file_fnv1a(const fs::path& file) {
 }
 
 const Json& member(const Json& object, const char* key, const fs::path& file) {
-  const Json* value = object.find(key);
+  const Json* value = json_find(object, key);
   if (!value) throw InputError(fmt::format("{}: missing '{}'", file.string(), key));
   return *value;
 }
 
 int64_t integer_member(const Json& object, const char* key, int64_t low, int64_t high, const fs::path& file) {
   const Json& value = member(object, key, file);
-  if (!value.is_integer() || value.as_int() < low || value.as_int() > high) {
+  if (!json_is_int64(value) || value.get<int64_t>() < low || value.get<int64_t>() > high) {
     throw InputError(fmt::format("{}: '{}' must be an integer in [{}, {}]", file.string(), key, low, high));
   }
-  return value.as_int();
+  return value.get<int64_t>();
 }
 
-const std::vector<Json>& array_member(const Json& object, const char* key, const fs::path& file) {
+const Json& array_member(const Json& object, const char* key, const fs::path& file) {
   const Json& value = member(object, key, file);
   if (!value.is_array()) throw InputError(fmt::format("{}: '{}' must be an array", file.string(), key));
-  return value.items();
+  return value;
 }
 
 void validate(const Json& manifest, const fs::path& file) {
@@ -81,45 +81,49 @@ void validate(const Json& manifest, const fs::path& file) {
   for (const char* key : {"fingerprint", "strategy"}) {
     if (!member(manifest, key, file).is_string()) throw InputError(fmt::format("{}: '{}' must be a string", file.string(), key));
   }
-  const std::vector<Json>& files = array_member(manifest, "files", file);
+  const Json& files = array_member(manifest, "files", file);
   if (static_cast<int64_t>(files.size()) != world) {
     throw InputError(fmt::format("{}: {} files listed for world size {}", file.string(), files.size(), world));
   }
   for (size_t r = 0; r < files.size(); ++r) {
     // Only the names this format writes: a manifest never points outside its directory.
     const Json& name = member(files[r], "name", file);
-    if (!name.is_string() || name.as_string() != fmt::format("rank-{:05d}.safetensors", r)) {
+    if (!name.is_string() || name.get_ref<const std::string&>() != fmt::format("rank-{:05d}.safetensors", r)) {
       throw InputError(fmt::format("{}: file {} must be named rank-{:05d}.safetensors", file.string(), r, r));
     }
     integer_member(files[r], "bytes", 0, kMax, file);
-    const char* hash_key = member(manifest, "format", file).as_string() == kFormat1 ? "fnv1a" : "xxh3_128";
+    const char* hash_key = member(manifest, "format", file) == kFormat1 ? "fnv1a" : "xxh3_128";
     if (!member(files[r], hash_key, file).is_string()) {
       throw InputError(fmt::format("{}: '{}' must be a string", file.string(), hash_key));
     }
   }
-  const std::vector<Json>& groups = array_member(manifest, "group_numel", file);
+  const Json& groups = array_member(manifest, "group_numel", file);
   if (groups.empty() || groups.size() > 2) throw InputError(fmt::format("{}: 'group_numel' must list 1 or 2 groups", file.string()));
   std::vector<int64_t> declared, counted(groups.size(), 0);
   for (const Json& g : groups) {
-    if (!g.is_integer() || g.as_int() < 0) throw InputError(fmt::format("{}: 'group_numel' must hold counts", file.string()));
-    declared.push_back(g.as_int());
+    if (!json_is_int64(g) || g.get<int64_t>() < 0) {
+      throw InputError(fmt::format("{}: 'group_numel' must hold counts", file.string()));
+    }
+    declared.push_back(g.get<int64_t>());
   }
   for (const Json& p : array_member(manifest, "parameters", file)) {
-    if (!member(p, "name", file).is_string() || !member(p, "decay", file).is_bool()) {
+    if (!member(p, "name", file).is_string() || !member(p, "decay", file).is_boolean()) {
       throw InputError(fmt::format("{}: each parameter needs a string 'name' and a bool 'decay'", file.string()));
     }
     const int64_t numel = integer_member(p, "numel", 0, kMax, file);
     int64_t product = 1;
     for (const Json& d : array_member(p, "shape", file)) {
-      if (!d.is_integer() || d.as_int() < 0 || d.as_int() > kMax) throw InputError(fmt::format("{}: bad shape", file.string()));
-      product *= d.as_int();
+      if (!json_is_int64(d) || d.get<int64_t>() < 0 || d.get<int64_t>() > kMax) {
+        throw InputError(fmt::format("{}: bad shape", file.string()));
+      }
+      product *= d.get<int64_t>();
       if (product > kMax) throw InputError(fmt::format("{}: bad shape", file.string()));
     }
     if (product != numel) {
       throw InputError(fmt::format("{}: parameter '{}' has shape of {} elements but numel {}", file.string(),
-                                   member(p, "name", file).as_string(), product, numel));
+                                   member(p, "name", file).get_ref<const std::string&>(), product, numel));
     }
-    const size_t group = member(p, "decay", file).as_bool() || groups.size() == 1 ? 0 : 1;
+    const size_t group = member(p, "decay", file).get<bool>() || groups.size() == 1 ? 0 : 1;
     counted[group] += numel;
   }
   if (counted != declared) {
@@ -136,11 +140,11 @@ Json read(const fs::path& dir) {
   text << in.rdbuf();
   Json manifest;
   try {
-    manifest = Json::parse(text.str());
+    manifest = json_parse(text.str());
   } catch (const std::exception& error) {
     throw InputError(fmt::format("{}: malformed: {}", file.string(), error.what()));
   }
-  if (const Json* format = manifest.find("format"); format && format->is_string() && format->as_string() == kFormat) {
+  if (const Json* format = json_find(manifest, "format"); format && *format == kFormat) {
     // The manifest's own checksum first: a manifest edited or damaged is refused whole.
     const fs::path sidecar = dir / "manifest.xxh3";
     std::ifstream recorded_in(sidecar);
@@ -152,8 +156,8 @@ Json read(const fs::path& dir) {
                                    file.string(), actual, recorded, sidecar.string()));
     }
   }
-  const Json* format = manifest.find("format");
-  if (!format || !format->is_string() || (format->as_string() != kFormat && format->as_string() != kFormat1)) {
+  const Json* format = json_find(manifest, "format");
+  if (!format || (*format != kFormat && *format != kFormat1)) {
     throw InputError(fmt::format("{}: not a {} (or {}) manifest", file.string(), kFormat, kFormat1));
   }
   validate(manifest, file);

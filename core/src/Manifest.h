@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "trainer/Json.h"
+#include "trainer/JsonSupport.h"
 
 namespace trainer::manifest {
 
@@ -35,8 +35,8 @@ const Json& member(const Json& object, const char* key, const std::filesystem::p
 /// An integer member in [low, high], or InputError.
 int64_t integer_member(const Json& object, const char* key, int64_t low, int64_t high,
                        const std::filesystem::path& file);
-/// An array member, or InputError.
-const std::vector<Json>& array_member(const Json& object, const char* key, const std::filesystem::path& file);
+/// An array member (the array), or InputError.
+const Json& array_member(const Json& object, const char* key, const std::filesystem::path& file);
 
 /// Every field resume and export rely on, checked before any is used: a
 /// manifest edited by hand or damaged is an InputError naming the field,

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "trainer/Errors.h"
-#include "trainer/Json.h"
+#include "trainer/JsonSupport.h"
 
 namespace trainer {
 
@@ -22,16 +22,17 @@ std::vector<MetricsRow> read_metrics(const std::string& path) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     Json record;
     try {
-      record = Json::parse(line);
+      record = json_parse(line);
     } catch (const std::exception& error) {
-      throw InputError(fmt::format("{}:{}: malformed metrics record at {}", path, number, error.what()));
+      throw InputError(fmt::format("{}:{}: malformed metrics record: {}", path, number, error.what()));
     }
     if (!record.is_object()) throw InputError(fmt::format("{}:{}: malformed metrics record: not an object", path, number));
     MetricsRow row;
-    for (const auto& [key, value] : record.members()) {
-      if (value.is_number()) row[key] = value.as_double();
-      else if (value.is_bool()) row[key] = value.as_bool() ? 1.0 : 0.0;
-      else if (value.is_null()) row[key] = std::numeric_limits<double>::quiet_NaN();
+    for (const auto& item : record.items()) {
+      const Json& value = item.value();
+      if (value.is_number()) row[item.key()] = value.get<double>();
+      else if (value.is_boolean()) row[item.key()] = value.get<bool>() ? 1.0 : 0.0;
+      else if (value.is_null()) row[item.key()] = std::numeric_limits<double>::quiet_NaN();
     }
     rows.push_back(std::move(row));
   }

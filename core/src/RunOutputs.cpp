@@ -8,6 +8,7 @@
 
 #include "Files.h"
 #include "trainer/Errors.h"
+#include "trainer/JsonSupport.h"
 #include "trainer/Safetensors.h"
 
 namespace trainer {
@@ -23,14 +24,13 @@ void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, c
   comm.all_gather(local, all);
   if (!writer) return;
   all = all.cpu();
-  std::string text = "[\n";
+  Json ranks = Json::array();
   for (int r = 0; r < comm.world_size(); ++r) {
     const auto v = [&](int k) { return all[4 * r + k].item<int64_t>(); };
-    text += fmt::format("  {{\"rank\": {}, \"parameter_bytes\": {}, \"gradient_bytes\": {}, \"optimizer_bytes\": {}, "
-                        "\"peak_gathered_parameter_bytes\": {}}}{}\n",
-                        r, v(0), v(1), v(2), v(3), r + 1 < comm.world_size() ? "," : "");
+    ranks.push_back(Json{{"rank", r}, {"parameter_bytes", v(0)}, {"gradient_bytes", v(1)}, {"optimizer_bytes", v(2)},
+                         {"peak_gathered_parameter_bytes", v(3)}});
   }
-  write_file_atomically(file, text + "]\n");
+  write_file_atomically(file, ranks.dump(1) + "\n");
 }
 
 // FNV-1a over the bytes of the parameters this rank updates, gathered to
@@ -49,13 +49,11 @@ void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const f
   comm.all_gather(local, all);
   if (!writer) return;
   all = all.cpu();
-  std::string hashes;
-  for (int r = 0; r < comm.world_size(); ++r) {
-    hashes += fmt::format("{}\"{:016x}\"", r ? ", " : "", static_cast<uint64_t>(all[r].item<int64_t>()));
-  }
-  write_file_atomically(file, fmt::format("{{\"steps\": {}, \"applied_updates\": {}, \"world_size\": {}, "
-                                          "\"parameter_fnv1a_per_rank\": [{}]}}\n",
-                                          steps, applied_updates, comm.world_size(), hashes));
+  Json hashes = Json::array();
+  for (int r = 0; r < comm.world_size(); ++r) hashes.push_back(fmt::format("{:016x}", static_cast<uint64_t>(all[r].item<int64_t>())));
+  const Json summary{{"steps", steps}, {"applied_updates", applied_updates}, {"world_size", comm.world_size()},
+                     {"parameter_fnv1a_per_rank", hashes}};
+  write_file_atomically(file, summary.dump() + "\n");
 }
 
 // The final parameters, consolidated: every rank contributes the elements

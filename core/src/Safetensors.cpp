@@ -17,7 +17,9 @@
 #include <fmt/ranges.h>
 
 #include "trainer/Errors.h"
-#include "trainer/Json.h"
+#include "trainer/JsonSupport.h"
+
+#include "SafetensorsHeader.h"
 
 namespace trainer {
 
@@ -51,67 +53,18 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     throw InputError(fmt::format("{}: truncated safetensors file: header of {} bytes, file of {}", path, header_bytes, bytes_));
   }
   data_start_ = 8 + header_bytes;
-  Json header;
-  try {
-    header = Json::parse(std::string_view(static_cast<const char*>(data_) + 8, header_bytes));
-  } catch (const std::exception& error) {
-    throw InputError(fmt::format("{}: malformed safetensors header: {}", path, error.what()));
-  }
-  if (!header.is_object()) throw InputError(fmt::format("{}: malformed safetensors header: not an object", path));
-  for (const auto& [name, info_json] : header.members()) {
-    if (name == "__metadata__") continue;
+  for (SafetensorsEntry& parsed :
+       parse_safetensors_header(std::string_view(static_cast<const char*>(data_) + 8, header_bytes),
+                                bytes_ - data_start_, path)) {
     Entry e;
-    e.name = name;
-    const Json* dtype = info_json.find("dtype");
-    const Json* shape = info_json.find("shape");
-    const Json* offsets = info_json.find("data_offsets");
-    if (!dtype || !shape || !offsets || !dtype->is_string() || !shape->is_array() || !offsets->is_array() ||
-        offsets->items().size() != 2) {
-      throw InputError(fmt::format("{}: tensor '{}': header entry lacks dtype, shape or data_offsets", path, name));
-    }
-    bool known = false;
+    e.name = std::move(parsed.name);
     for (const DtypeName& d : kDtypes) {
-      if (dtype->as_string() == d.name) {
-        e.dtype = d.dtype;
-        known = true;
-      }
+      if (parsed.dtype == d.name) e.dtype = d.dtype;
     }
-    if (!known) throw InputError(fmt::format("{}: tensor '{}': unsupported dtype {}", path, name, dtype->as_string()));
-    constexpr int64_t kMax = int64_t(1) << 50;
-    int64_t numel = 1;
-    for (const Json& d : shape->items()) {
-      if (!d.is_integer() || d.as_int() < 0 || d.as_int() > kMax || (numel *= d.as_int()) > kMax) {
-        throw InputError(fmt::format("{}: tensor '{}': shape must hold non-negative integers", path, name));
-      }
-      e.shape.push_back(d.as_int());
-    }
-    for (const Json& o : offsets->items()) {
-      if (!o.is_integer() || o.as_int() < 0) {
-        throw InputError(fmt::format("{}: tensor '{}': data_offsets must be non-negative integers", path, name));
-      }
-    }
-    e.begin = static_cast<size_t>(offsets->items()[0].as_int());
-    e.end = static_cast<size_t>(offsets->items()[1].as_int());
-    const size_t expected = static_cast<size_t>(numel) * c10::elementSize(e.dtype);
-    if (e.end < e.begin || e.end - e.begin != expected) {
-      throw InputError(fmt::format("{}: tensor '{}': byte range [{}, {}) does not hold {} values of {}", path, name,
-                                   e.begin, e.end, numel, dtype->as_string()));
-    }
-    if (data_start_ + e.end > bytes_) {
-      throw InputError(fmt::format("{}: truncated safetensors file: tensor '{}' ends at byte {}, the file at {}", path,
-                                   name, data_start_ + e.end, bytes_));
-    }
+    e.shape = std::move(parsed.shape);
+    e.begin = parsed.begin;
+    e.end = parsed.end;
     entries_.push_back(std::move(e));
-  }
-  // Each byte belongs to at most one tensor: overlapping ranges mean a damaged or forged header.
-  std::vector<const Entry*> by_offset;
-  for (const Entry& e : entries_) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    if (by_offset[i]->begin < by_offset[i - 1]->end) {
-      throw InputError(fmt::format("{}: tensors '{}' and '{}' overlap in the file", path, by_offset[i - 1]->name,
-                                   by_offset[i]->name));
-    }
   }
 }
 
@@ -143,7 +96,7 @@ torch::Tensor SafetensorsReader::read(const std::string& name) const {
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
   std::vector<torch::Tensor> host;
-  std::string header = "{\"__metadata__\":{\"format\":\"pt\"}";
+  Json entries{{"__metadata__", {{"format", "pt"}}}};
   size_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     host.push_back(tensor.detach().to(torch::kCPU).contiguous());
@@ -153,11 +106,11 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     }
     if (!dtype) throw std::invalid_argument(fmt::format("write_safetensors: '{}' has an unsupported dtype", name));
     const size_t bytes = static_cast<size_t>(host.back().numel()) * host.back().element_size();
-    header += fmt::format(",\"{}\":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", json_escape(name),
-                          dtype, fmt::join(host.back().sizes(), ","), offset, offset + bytes);
+    if (entries.contains(name)) throw std::invalid_argument(fmt::format("write_safetensors: '{}' given twice", name));
+    entries[name] = Json{{"dtype", dtype}, {"shape", host.back().sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
-  header += "}";
+  std::string header = entries.dump();
   while ((8 + header.size()) % 8 != 0) header += ' ';  // data starts 8-byte aligned
   const std::string temporary = path + ".tmp";
   FILE* out = std::fopen(temporary.c_str(), "wb");

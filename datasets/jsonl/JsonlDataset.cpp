@@ -11,7 +11,7 @@
 
 #include "trainer/Dataset.h"
 #include "trainer/Errors.h"
-#include "trainer/Json.h"
+#include "trainer/JsonSupport.h"
 #include "trainer/Log.h"
 
 namespace {
@@ -71,33 +71,34 @@ class JsonlDataset final : public Dataset {
   std::vector<int32_t> ids(const Json& array, const char* key) const {
     if (!array.is_array()) throw std::runtime_error(fmt::format("\"{}\" must be an array of token ids", key));
     std::vector<int32_t> out;
-    for (size_t i = 0; i < array.items().size(); ++i) {
-      const Json& id = array.items()[i];
-      if (!id.is_integer()) {  // 2.5, "2" and 1e2 are not ids, whatever they would round to
+    for (size_t i = 0; i < array.size(); ++i) {
+      const Json& id = array[i];
+      if (!json_is_int64(id)) {  // 2.5, "2" and 1e2 are not ids, whatever they would round to
         throw std::runtime_error(fmt::format("\"{}\"[{}] is not an integer token id", key, i));
       }
-      if (id.as_int() < 0 || id.as_int() >= vocab_size_) {
-        throw std::runtime_error(fmt::format("\"{}\"[{}] = {} is outside [0, vocab_size = {})", key, i, id.as_int(),
+      const int64_t value = id.get<int64_t>();
+      if (value < 0 || value >= vocab_size_) {
+        throw std::runtime_error(fmt::format("\"{}\"[{}] = {} is outside [0, vocab_size = {})", key, i, value,
                                              vocab_size_));
       }
-      out.push_back(static_cast<int32_t>(id.as_int()));
+      out.push_back(static_cast<int32_t>(value));
     }
     return out;
   }
 
   Sample parse(const std::string& line) const {
-    const Json record = Json::parse(line);
+    const Json record = json_parse(line);
     if (!record.is_object()) throw std::runtime_error("expected a JSON object");
     std::vector<int32_t> prompt, completion;
-    const Json* prompt_ids = record.find("prompt_ids");
+    const Json* prompt_ids = json_find(record, "prompt_ids");
     if (prompt_ids) {
-      const Json* completion_ids = record.find("completion_ids");
+      const Json* completion_ids = json_find(record, "completion_ids");
       if (!completion_ids) throw std::runtime_error("\"prompt_ids\" without \"completion_ids\"");
       prompt = ids(*prompt_ids, "prompt_ids");
       completion = ids(*completion_ids, "completion_ids");
     } else {
-      const Json* p = record.find("prompt");
-      const Json* c = record.find("completion");
+      const Json* p = json_find(record, "prompt");
+      const Json* c = json_find(record, "completion");
       if (!p || !c || !p->is_string() || !c->is_string()) {
         throw std::runtime_error("expected string fields \"prompt\" and \"completion\" (or \"prompt_ids\" and \"completion_ids\")");
       }
@@ -105,8 +106,8 @@ class JsonlDataset final : public Dataset {
         throw std::runtime_error(fmt::format("text records need vocab_size >= {} (bytes, BOS, EOS)", kByteVocab));
       }
       prompt.push_back(kBos);
-      for (const unsigned char b : p->as_string()) prompt.push_back(b);
-      for (const unsigned char b : c->as_string()) completion.push_back(b);
+      for (const unsigned char b : p->get_ref<const std::string&>()) prompt.push_back(b);
+      for (const unsigned char b : c->get_ref<const std::string&>()) completion.push_back(b);
       completion.push_back(kEos);
     }
     Sample sample;

@@ -11,11 +11,12 @@
 #include <set>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include <fmt/ranges.h>
 
 #include "trainer/Errors.h"
-#include "trainer/Json.h"
+#include "trainer/JsonSupport.h"
 #include "trainer/Model.h"
 #include "trainer/Safetensors.h"
 #include "trainer/TorchCompat.h"
@@ -45,7 +46,7 @@ struct Layer {
   Tensor input_norm, post_attention_norm;
 };
 
-const KeySpec& key_spec(const std::string& name);
+const KeySpec& key_spec(const char* name);
 
 class Qwen2Model final : public Model {
  public:
@@ -138,15 +139,26 @@ class Qwen2Model final : public Model {
 
   std::string hf_config() const override {
     const Config& c = config_;
-    return fmt::format(
-        "{{\n  \"architectures\": [\"Qwen2ForCausalLM\"],\n  \"model_type\": \"qwen2\",\n  \"hidden_act\": \"silu\",\n"
-        "  \"vocab_size\": {},\n  \"hidden_size\": {},\n  \"intermediate_size\": {},\n  \"num_hidden_layers\": {},\n"
-        "  \"num_attention_heads\": {},\n  \"num_key_value_heads\": {},\n  \"rope_theta\": {},\n  \"rms_norm_eps\": {},\n"
-        "  \"initializer_range\": {},\n  \"tie_word_embeddings\": {},\n  \"max_position_embeddings\": {},\n"
-        "  \"use_sliding_window\": false,\n  \"attention_dropout\": 0.0,\n  \"torch_dtype\": \"float32\"\n}}\n",
-        c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, c.rope_theta,
-        c.rms_norm_eps, c.initializer_range, c.tie_word_embeddings ? "true" : "false", c.max_positions);
+    const Json config{{"architectures", {"Qwen2ForCausalLM"}},
+                      {"model_type", "qwen2"},
+                      {"hidden_act", "silu"},
+                      {"vocab_size", c.vocab_size},
+                      {"hidden_size", c.hidden_size},
+                      {"intermediate_size", c.intermediate_size},
+                      {"num_hidden_layers", c.num_layers},
+                      {"num_attention_heads", c.num_heads},
+                      {"num_key_value_heads", c.num_kv_heads},
+                      {"rope_theta", c.rope_theta},
+                      {"rms_norm_eps", c.rms_norm_eps},
+                      {"initializer_range", c.initializer_range},
+                      {"tie_word_embeddings", c.tie_word_embeddings},
+                      {"max_position_embeddings", c.max_positions},
+                      {"use_sliding_window", false},
+                      {"attention_dropout", 0.0},
+                      {"torch_dtype", "float32"}};
+    return config.dump(2) + "\n";
   }
+
 
  private:
   // Embedding, blocks, final norm, then `head` on the normed hidden states.
@@ -236,17 +248,18 @@ class Qwen2Model final : public Model {
     text << in.rdbuf();
     Json json;
     try {
-      json = Json::parse(text.str());
+      json = json_parse(text.str());
     } catch (const std::exception& error) {
-      throw InputError(fmt::format("{}: malformed JSON at {}", file, error.what()));
+      throw InputError(fmt::format("{}: malformed JSON: {}", file, error.what()));
     }
+    if (!json.is_object()) throw InputError(fmt::format("{}: expected a JSON object", file));
     auto number = [&](const char* key, auto& field, const char* recipe_key) {
-      const Json* v = json.find(key);
+      const Json* v = json_find(json, key);
       using T = std::decay_t<decltype(field)>;
-      if (!v || !v->is_number() || (std::is_integral_v<T> && !v->is_integer())) {
+      if (!v || !v->is_number() || (std::is_integral_v<T> && !json_is_int64(*v))) {
         throw InputError(fmt::format("{}: '{}' must be {}", file, key, std::is_integral_v<T> ? "an integer" : "a number"));
       }
-      const T value = std::is_integral_v<T> ? static_cast<T>(v->as_int()) : static_cast<T>(v->as_double());
+      const T value = std::is_integral_v<T> ? static_cast<T>(v->get<int64_t>()) : static_cast<T>(v->get<double>());
       // The same bounds as the recipe key: config.json is input like the recipe.
       const KeySpec& spec = key_spec(recipe_key);
       if (!std::isfinite(static_cast<double>(value)) || static_cast<double>(value) < spec.min ||
@@ -263,34 +276,36 @@ class Qwen2Model final : public Model {
     number("intermediate_size", c.intermediate_size, "intermediate_size");
     number("num_hidden_layers", c.num_layers, "num_hidden_layers");
     number("num_attention_heads", c.num_heads, "num_attention_heads");
-    if (json.find("num_key_value_heads")) number("num_key_value_heads", c.num_kv_heads, "num_key_value_heads");
+    if (json_find(json, "num_key_value_heads")) number("num_key_value_heads", c.num_kv_heads, "num_key_value_heads");
     else c.num_kv_heads = c.num_heads;
-    if (json.find("rope_theta")) number("rope_theta", c.rope_theta, "rope_theta");
-    if (json.find("rms_norm_eps")) number("rms_norm_eps", c.rms_norm_eps, "rms_norm_eps");
-    if (json.find("max_position_embeddings")) number("max_position_embeddings", c.max_positions, "max_position_embeddings");
-    if (const Json* tie = json.find("tie_word_embeddings"); tie && tie->is_bool()) c.tie_word_embeddings = tie->as_bool();
-    if (const Json* act = json.find("hidden_act"); act && act->is_string() && act->as_string() != "silu") {
-      throw InputError(fmt::format("{}: hidden_act '{}' is not supported (qwen2 implements silu)", file, act->as_string()));
+    if (json_find(json, "rope_theta")) number("rope_theta", c.rope_theta, "rope_theta");
+    if (json_find(json, "rms_norm_eps")) number("rms_norm_eps", c.rms_norm_eps, "rms_norm_eps");
+    if (json_find(json, "max_position_embeddings")) number("max_position_embeddings", c.max_positions, "max_position_embeddings");
+    if (const Json* tie = json_find(json, "tie_word_embeddings"); tie && tie->is_boolean()) c.tie_word_embeddings = tie->get<bool>();
+    if (const Json* act = json_find(json, "hidden_act"); act && act->is_string() && *act != "silu") {
+      throw InputError(fmt::format("{}: hidden_act '{}' is not supported (qwen2 implements silu)", file,
+                                   act->get<std::string>()));
     }
     // transformers 5 keeps the rope settings in rope_parameters (older
     // versions: rope_theta at the top and rope_scaling null).
     for (const char* key : {"rope_parameters", "rope_scaling"}) {
-      const Json* rope = json.find(key);
+      const Json* rope = json_find(json, key);
       if (!rope || rope->is_null()) continue;
-      const Json* type = rope->find("rope_type");
-      if (!type) type = rope->find("type");
-      if (type && (!type->is_string() || type->as_string() != "default")) {
+      const Json* type = json_find(*rope, "rope_type");
+      if (!type) type = json_find(*rope, "type");
+      if (type && *type != "default") {
         throw InputError(fmt::format("{}: {} of type '{}' is not supported; expected 'default'", file, key,
-                                     type->is_string() ? type->as_string() : "?"));
+                                     type->is_string() ? type->get<std::string>() : type->dump()));
       }
-      if (const Json* theta = rope->find("rope_theta"); theta && theta->is_number()) {
-        if (o.is_set("rope_theta") && theta->as_double() != c.rope_theta) {
-          o.fail("rope_theta", fmt::format("{} as in {} (or leave the key out)", theta->as_double(), file));
+      if (const Json* theta = json_find(*rope, "rope_theta"); theta && theta->is_number()) {
+        const double value = theta->get<double>();
+        if (o.is_set("rope_theta") && value != c.rope_theta) {
+          o.fail("rope_theta", fmt::format("{} as in {} (or leave the key out)", value, file));
         }
-        c.rope_theta = theta->as_double();
+        c.rope_theta = value;
       }
     }
-    if (const Json* window = json.find("use_sliding_window"); window && window->is_bool() && window->as_bool()) {
+    if (const Json* window = json_find(json, "use_sliding_window"); window && *window == true) {
       throw InputError(fmt::format("{}: use_sliding_window = true is not supported", file));
     }
   }
@@ -349,11 +364,17 @@ class Qwen2Model final : public Model {
     text << in.rdbuf();
     std::vector<std::string> files;
     try {
-      const Json index = Json::parse(text.str());
-      const Json* map = index.find("weight_map");
+      const Json index = json_parse(text.str());
+      const Json* map = json_find(index, "weight_map");
       if (!map || !map->is_object()) throw std::runtime_error("no weight_map object");
-      for (const auto& [name, file] : map->members()) {
-        const std::string path = (dir / file.as_string()).string();
+      for (const auto& entry : map->items()) {
+        const std::string name = entry.value().is_string() ? entry.value().get<std::string>() : "";
+        // Shards sit beside the index: a name with a directory part could reach any file.
+        if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+          throw std::runtime_error("weight_map['" + entry.key() + "'] must be a file name beside the index, got " +
+                                   entry.value().dump());
+        }
+        const std::string path = (dir / name).string();
         if (std::find(files.begin(), files.end(), path) == files.end()) files.push_back(path);
       }
     } catch (const std::exception& error) {
@@ -400,11 +421,13 @@ constexpr KeySpec kKeys[] = {
     {"init_from", ValueType::String, "''", "a .safetensors file with weights to start from (Hugging Face names)"},
 };
 
-const KeySpec& key_spec(const std::string& name) {
+// A C string, not a std::string: GCC 13 takes a reference returned for a
+// temporary std::string argument for a dangling one.
+const KeySpec& key_spec(const char* name) {
   for (const KeySpec& spec : kKeys) {
-    if (name == spec.name) return spec;
+    if (std::string_view(name) == spec.name) return spec;
   }
-  throw std::logic_error("qwen2: no key " + name);
+  throw std::logic_error(std::string("qwen2: no key ") + name);
 }
 
 Component* create(const Options& options, const Context& context) { return new Qwen2Model(options, context); }

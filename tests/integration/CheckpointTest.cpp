@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "TestSupport.h"
-#include "trainer/Json.h"
+#include "trainer/JsonSupport.h"
 
 namespace trainer {
 namespace {
@@ -155,7 +155,7 @@ TEST(Checkpoint, SigtermWritesACheckpointAndResumeMatches) {
   std::string checkpoint;
   for (const auto& entry : std::filesystem::directory_iterator(dir + "/checkpoints")) checkpoint = entry.path().string();
   ASSERT_FALSE(checkpoint.empty());
-  const int64_t stopped = Json::parse(read_file(checkpoint + "/manifest.json")).find("step")->as_int();
+  const int64_t stopped = json_parse(read_file(checkpoint + "/manifest.json")).at("step").get<int64_t>();
   const std::string total = std::to_string(stopped + 3);
   run_ok(dir, "--set training.micro_batch_size=4 --nproc 2 --set lr_schedule.name=constant --set checkpoint.resume=auto "
               "--set training.steps=" + total);

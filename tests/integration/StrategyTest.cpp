@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "TestSupport.h"
+#include "trainer/JsonSupport.h"
 
 namespace trainer {
 namespace {
@@ -65,11 +66,12 @@ TEST(Strategies, ActivationCheckpointingChangesNoBitAtWorldSizeOne) {
 
 // bytes of rank `rank` for `key` in memory.json
 int64_t memory_of(const std::string& dir, int rank, const std::string& key) {
-  const std::string text = read_file(dir + "/memory.json");
-  const std::regex pattern("\"rank\": " + std::to_string(rank) + ", .*?\"" + key + "\": (\\d+)");
-  std::smatch match;
-  EXPECT_TRUE(std::regex_search(text, match, pattern)) << text;
-  return std::stoll(match[1]);
+  const Json ranks = json_parse(read_file(dir + "/memory.json"));
+  for (const Json& r : ranks) {
+    if (r.at("rank") == rank) return r.at(key).get<int64_t>();
+  }
+  ADD_FAILURE() << "no rank " << rank << " in " << dir << "/memory.json";
+  return -1;
 }
 
 TEST(Strategies, ZeroMemoryFormulasAtWorldSizeFour) {

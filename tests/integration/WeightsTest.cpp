@@ -1,6 +1,8 @@
 // Weights in and out: a run's consolidated model.safetensors (the same from
 // every strategy and world size), export, loading it back as a Hugging Face
 // directory, and bad weight files named by file and tensor.
+#include <cstring>
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -127,6 +129,28 @@ TEST(Weights, BadWeightFilesAreNamed) {
             std::string::npos)
       << wrong.output;
   EXPECT_EQ(trainer("export " + scratch_dir("WeightsEmpty") + " --to " + hf + "/x").exit_code, 2);
+  // A tensor named twice in the header, and a key given twice in config.json:
+  // plain JSON parsing would keep one silently.
+  const std::string twice = std::string(8, '\0') +
+                            R"({"model.norm.weight":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                            R"("model.norm.weight":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
+  std::string file = twice + std::string(8, '\0');
+  const uint64_t header_bytes = twice.size() - 8;
+  std::memcpy(file.data(), &header_bytes, 8);
+  write_file(hf + "/twice.safetensors", file);
+  auto repeated = trainer("run " + kQuickstart + " --set model.init_from=" + hf + "/twice.safetensors");
+  EXPECT_EQ(repeated.exit_code, 2) << repeated.output;
+  EXPECT_NE(repeated.output.find("twice.safetensors: malformed safetensors header: the key 'model.norm.weight' appears "
+                                 "twice in one object"),
+            std::string::npos)
+      << repeated.output;
+  const std::string config = read_file(hf + "/config.json");
+  write_file(hf + "/config.json", "{\"hidden_size\": 64, " + config.substr(config.find('{') + 1));
+  auto config_twice = trainer("run " + kQuickstart + " --set model.hf_dir=" + hf + " --set training.steps=1");
+  EXPECT_EQ(config_twice.exit_code, 2) << config_twice.output;
+  EXPECT_NE(config_twice.output.find(hf + "/config.json: malformed JSON: the key 'hidden_size' appears twice"),
+            std::string::npos)
+      << config_twice.output;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Logger `jsonl`: one JSON object per optimizer step, flushed per line so a
-// crash leaves only whole records. Doubles are written with 17 significant
-// digits, so two runs compare bit for bit from their files.
+// crash leaves only whole records. Doubles are written in nlohmann-json's
+// shortest form that reads back to the same double, so two runs compare bit
+// for bit from their files; unknown figures are null.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -8,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "trainer/Errors.h"
-#include "trainer/Json.h"
+#include "trainer/JsonSupport.h"
 #include "trainer/Log.h"
 #include "trainer/Logger.h"
 
@@ -16,7 +17,6 @@ namespace {
 
 using namespace trainer;
 
-std::string number(double value) { return std::isfinite(value) ? fmt::format("{:.17g}", value) : "null"; }
 
 class JsonlLogger final : public Logger {
  public:
@@ -35,15 +35,15 @@ class JsonlLogger final : public Logger {
   }
 
   void log(const StepRecord& r) override {
-    std::string line = "{";
+    Json record;
     for (const MetricField& f : metric_fields(r)) {
-      if (line.size() > 1) line += ",";
-      line += fmt::format("\"{}\":", f.name);
-      if (f.kind == MetricField::Kind::Bool) line += f.value != 0 ? "true" : "false";
-      else if (f.kind == MetricField::Kind::Integer && std::isfinite(f.value)) line += fmt::format("{:.0f}", f.value);
-      else line += number(f.value);
+      Json& value = record[f.name];
+      if (!std::isfinite(f.value)) value = nullptr;
+      else if (f.kind == MetricField::Kind::Bool) value = f.value != 0;
+      else if (f.kind == MetricField::Kind::Integer) value = static_cast<int64_t>(f.value);
+      else value = f.value;
     }
-    out_ << line << "}\n";
+    out_ << record.dump() << "\n";
     out_.flush();
     if (!out_) throw TrainingError(fmt::format("{}: write failed", path_.string()));
   }
@@ -61,9 +61,9 @@ class JsonlLogger final : public Logger {
     std::string kept, line;
     while (std::getline(in, line)) {
       try {
-        const Json record = Json::parse(line);
-        const Json* step = record.find("step");
-        if (step && step->is_integer() && step->as_int() <= last_step) kept += line + "\n";
+        const Json record = json_parse(line);
+        const Json* step = json_find(record, "step");
+        if (step && json_is_int64(*step) && step->get<int64_t>() <= last_step) kept += line + "\n";
       } catch (const std::exception&) {
         // a torn last line of a crashed run
       }
