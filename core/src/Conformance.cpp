@@ -21,6 +21,7 @@
 #include "Rendezvous.h"
 #include "Sampler.h"
 #include "trainer/FlatParameters.h"
+#include "trainer/JsonSupport.h"
 #include "trainer/Log.h"
 #include "trainer/Random.h"
 #include "trainer/Strategy.h"
@@ -337,11 +338,10 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
   row.bf16_error = row.bf16_bound = -1;
   if (request.bf16 && world.world_size == 1) bf16_accumulation_check(registry, plugin, *comm, device, row);
 
-  std::ofstream(rank_report) << fmt::format(
-      "{{\"rank\":{},\"grad_error\":{:.17g},\"norm_error\":{:.17g},\"param_error\":{:.17g},\"masked\":{:.17g},"
-      "\"identical_to_ddp\":{},\"bf16_error\":{:.17g},\"bf16_bound\":{:.17g}}}\n",
-      row.rank, row.grad_error, row.norm_error, row.param_error, row.masked, row.identical_to_ddp, row.bf16_error,
-      row.bf16_bound);
+  const Json report{{"rank", row.rank},           {"grad_error", row.grad_error}, {"norm_error", row.norm_error},
+                    {"param_error", row.param_error}, {"masked", row.masked},         {"identical_to_ddp", row.identical_to_ddp},
+                    {"bf16_error", row.bf16_error}, {"bf16_bound", row.bf16_bound}};
+  std::ofstream(rank_report) << report.dump() << "\n";
 }
 
 int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, const std::string& executable) {
@@ -395,13 +395,14 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
                    r.at("bf16_error") <= r.at("bf16_bound") ? "pass" : "FAIL");
       }
       if (report.is_open()) {
-        report << fmt::format(
-            "{{\"split\":\"{}\",\"micro\":{},\"accum\":{},\"world\":{},\"rank\":{},\"grad_error\":{:.17g},"
-            "\"norm_error\":{:.17g},\"param_error\":{:.17g},\"masked\":{:.17g},\"identical_to_ddp\":{},"
-            "\"bf16_error\":{:.17g},\"bf16_bound\":{:.17g},\"pass\":{}}}\n",
-            split.text(), split.micro, split.accum, split.world, rank, r.at("grad_error"), r.at("norm_error"),
-            r.at("param_error"), r.at("masked"), r.at("identical_to_ddp"), r.at("bf16_error"), r.at("bf16_bound"),
-            pass ? "true" : "false");
+        const Json line{{"split", split.text()},          {"micro", split.micro},
+                        {"accum", split.accum},           {"world", split.world},
+                        {"rank", rank},                   {"grad_error", r.at("grad_error")},
+                        {"norm_error", r.at("norm_error")}, {"param_error", r.at("param_error")},
+                        {"masked", r.at("masked")},       {"identical_to_ddp", r.at("identical_to_ddp")},
+                        {"bf16_error", r.at("bf16_error")}, {"bf16_bound", r.at("bf16_bound")},
+                        {"pass", pass}};
+        report << line.dump() << "\n";
       }
     }
   }

@@ -10,6 +10,7 @@
 #include "Checkpoint.h"
 #include "TrainingLoop.h"
 #include "trainer/Errors.h"
+#include "trainer/JsonSupport.h"
 #include "trainer/Model.h"
 #include "trainer/Safetensors.h"
 
@@ -74,7 +75,7 @@ void write_logits(const Recipe& recipe, const std::string& tokens_file, const st
   std::ofstream out(out_file, std::ios::binary);
   out.write(static_cast<const char*>(logits.data_ptr()), logits.numel() * 4);
   if (!out) throw InputError(fmt::format("{}: cannot write", out_file));
-  fmt::print("{{\"shape\": [{}, {}, {}]}}\n", logits.size(0), logits.size(1), logits.size(2));
+  fmt::print("{}\n", Json{{"shape", logits.sizes().vec()}}.dump());
 }
 
 }  // namespace trainer
