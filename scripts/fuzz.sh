@@ -20,14 +20,20 @@ mkdir -p "$out"
 flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DFMT_HEADER_ONLY
        -Icore/include -Icore/src)
 declare -A sources=([safetensors]="core/src/SafetensorsHeader.cpp" [metrics]="core/src/Metrics.cpp"
-                    [manifest]="core/src/Manifest.cpp")
-declare -A names=([safetensors]=Safetensors [metrics]=Metrics [manifest]=Manifest)
+                    [manifest]="core/src/Manifest.cpp"
+                    [recipe]="core/src/Recipe.cpp core/src/CoreSections.cpp core/src/Options.cpp core/src/PluginRegistry.cpp")
+declare -A names=([safetensors]=Safetensors [metrics]=Metrics [manifest]=Manifest [recipe]=Recipe)
+# The recipe target checks plugin names and keys against the build's plugins
+# (scripts/build.sh first); TOML++'s internal assertions stay no-ops, as in
+# the release build (with them on it aborts on input it then rejects cleanly).
+declare -A extra=([recipe]="-DBOOST_DLL_USE_STD_FS -I/usr/include/torch/csrc/api/include -DTOML_ASSERT(expr)=static_assert(true) -ldl")
+export FUZZ_PLUGIN_DIR="$root/build/lib/trainer/plugins"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors metrics manifest)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors metrics manifest recipe)
 status=0
 for t in "${targets[@]}"; do
   # shellcheck disable=SC2086
-  clang++ "${flags[@]}" "tests/fuzz/Fuzz${names[$t]}.cpp" ${sources[$t]} -o "$out/fuzz-$t"
+  clang++ "${flags[@]}" "tests/fuzz/Fuzz${names[$t]}.cpp" ${sources[$t]} ${extra[$t]:-} -o "$out/fuzz-$t"
   rm -rf "$out/corpus-$t" && mkdir -p "$out/corpus-$t"
   if "$out/fuzz-$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
        -artifact_prefix="$out/crash-$t-" "$out/corpus-$t" "tests/fuzz/corpus/$t" >"$out/fuzz-$t.log" 2>&1; then

@@ -1,6 +1,9 @@
 // The command line: exit codes (0 ok, 2 bad input, 1 training failure), the
 // run's outputs, and every recipe in configs/ running.
 #include <cmath>
+#include <algorithm>
+#include <cstring>
+#include <map>
 
 #include <gtest/gtest.h>
 
@@ -137,6 +140,137 @@ TEST(Cli, MetricsCarryThroughputMfuDataTimeAndMemory) {
     EXPECT_GT(r.at("rss_bytes"), 16.0 * 1024 * 1024);
     EXPECT_TRUE(std::isnan(r.at("memory_allocated_bytes")));
     EXPECT_TRUE(std::isnan(r.at("memory_reserved_bytes")));
+  }
+}
+
+// A reader of TensorBoard event files written from the format's definition
+// (TFRecord framing, masked CRC-32C computed bit by bit, protobuf wire
+// format), independent of the logger's code.
+uint32_t masked_crc32c_reference(const std::string& bytes) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (const unsigned char b : bytes) {
+    crc ^= b;
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+  }
+  crc ^= 0xFFFFFFFFu;
+  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
+struct Wire {
+  const std::string& s;
+  size_t at = 0;
+  uint64_t varint() {
+    uint64_t v = 0;
+    for (int shift = 0; at < s.size(); shift += 7) {
+      const auto b = static_cast<unsigned char>(s[at++]);
+      v |= uint64_t(b & 0x7f) << shift;
+      if (!(b & 0x80)) break;
+    }
+    return v;
+  }
+  std::string take(size_t n) {
+    std::string out = s.substr(at, n);
+    at += n;
+    return out;
+  }
+};
+
+struct EventScalars {
+  int64_t step = -1;
+  bool session_start = false;
+  std::map<std::string, float> values;
+};
+
+std::vector<EventScalars> read_events(const std::string& file) {
+  const std::string bytes = read_file(file);
+  std::vector<EventScalars> events;
+  for (size_t at = 0; at < bytes.size();) {
+    EXPECT_LE(at + 12, bytes.size()) << "a torn record";
+    if (at + 12 > bytes.size()) break;
+    uint64_t length = 0;
+    uint32_t length_crc = 0, data_crc = 0;
+    std::memcpy(&length, bytes.data() + at, 8);
+    std::memcpy(&length_crc, bytes.data() + at + 8, 4);
+    EXPECT_EQ(length_crc, masked_crc32c_reference(bytes.substr(at, 8)));
+    const std::string data = bytes.substr(at + 12, length);
+    std::memcpy(&data_crc, bytes.data() + at + 12 + length, 4);
+    EXPECT_EQ(data_crc, masked_crc32c_reference(data));
+    at += 12 + length + 4;
+    EventScalars event;
+    for (Wire w{data}; w.at < data.size();) {
+      const uint64_t k = w.varint();
+      const int field = static_cast<int>(k >> 3), type = static_cast<int>(k & 7);
+      if (type == 0) {
+        const uint64_t v = w.varint();
+        if (field == 2) event.step = static_cast<int64_t>(v);
+      } else if (type == 1) {
+        w.take(8);
+      } else if (type == 2) {
+        const std::string inner = w.take(w.varint());
+        if (field == 6) event.session_start = inner == std::string("\x08\x01", 2);
+        if (field != 5) continue;
+        for (Wire summary{inner}; summary.at < inner.size();) {
+          summary.varint();  // Summary.value (1, length-delimited)
+          const std::string value = summary.take(summary.varint());
+          std::string tag;
+          float number = NAN;
+          for (Wire v{value}; v.at < value.size();) {
+            const uint64_t vk = v.varint();
+            if (vk == (1 << 3 | 2)) tag = v.take(v.varint());
+            else if (vk == (2 << 3 | 5)) std::memcpy(&number, v.take(4).data(), 4);
+          }
+          event.values[tag] = number;
+        }
+      } else if (type == 5) {
+        w.take(4);
+      }
+    }
+    events.push_back(event);
+  }
+  return events;
+}
+
+// The tensorboard logger's files decode (framing, CRCs, protobuf) to the
+// same scalars as metrics.jsonl, within float32; a resumed run adds a file
+// that starts with TensorBoard's restart marker.
+TEST(Cli, TensorBoardEventFilesHoldTheMetrics) {
+  const std::string dir = scratch_dir("CliTensorBoard");
+  const std::string recipe = write_file(dir + "/recipe.toml", read_file(kQuickstart) +
+                                                                  "\n[[logger]]\nname = 'tensorboard'\n[[logger]]\nname = 'jsonl'\n");
+  const std::string out = " --set run.output_dir=" + dir + "/run --set checkpoint.interval=3 --set training.steps=";
+  ASSERT_EQ(trainer("run " + recipe + out + "4").exit_code, 0);
+  const CommandResult resumed = trainer("run " + recipe + out + "6 --set checkpoint.resume=auto");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/run/tensorboard")) files.push_back(entry.path().string());
+  std::sort(files.begin(), files.end());
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_NE(files[0].find("/events.out.tfevents."), std::string::npos);
+  const std::vector<MetricsRow> records = read_metrics(dir + "/run/metrics.jsonl");
+  ASSERT_EQ(records.size(), 6u);
+  std::map<int64_t, EventScalars> by_step;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::vector<EventScalars> events = read_events(files[f]);
+    ASSERT_GE(events.size(), 2u);
+    EXPECT_TRUE(events[0].values.empty()) << "the first event carries the file version";
+    EXPECT_EQ(events[1].session_start, f == 1) << "a resumed run marks its restart";
+    if (f == 1) {
+      EXPECT_EQ(events[1].step, 4);
+    }
+    for (const EventScalars& e : events) {
+      if (!e.values.empty()) by_step[e.step] = e;  // the resumed run's steps replace the first run's 4
+    }
+  }
+  ASSERT_EQ(by_step.size(), 6u);
+  for (const MetricsRow& r : records) {
+    const EventScalars& e = by_step.at(static_cast<int64_t>(r.at("step")));
+    EXPECT_EQ(e.values.at("loss_metrics/global_avg_loss"), static_cast<float>(r.at("loss")));
+    EXPECT_EQ(e.values.at("grad_norm"), static_cast<float>(r.at("grad_norm")));
+    EXPECT_EQ(e.values.at("lr"), static_cast<float>(r.at("lr")));
+    EXPECT_EQ(e.values.at("throughput(tps)"), static_cast<float>(r.at("tokens_per_second")));
+    EXPECT_EQ(e.values.at("target_tokens"), static_cast<float>(r.at("target_tokens")));
+    EXPECT_EQ(e.values.at("memory/rss(GiB)"), static_cast<float>(r.at("rss_bytes") / (1024.0 * 1024.0 * 1024.0)));
+    EXPECT_EQ(e.values.count("mfu(%)"), 0u) << "no MFU on the CPU without run.peak_tflops";
   }
 }
 

@@ -1,0 +1,183 @@
+// Logger `tensorboard`: TensorBoard event files (events.out.tfevents.*) in a
+// directory of the run, one scalar per metric and step, so that
+// `tensorboard --logdir runs/` overlays the runs of an A/B experiment.
+//
+// A file is a sequence of records: uint64 length, uint32 masked CRC-32C of
+// the length, the bytes, uint32 masked CRC-32C of the bytes (TFRecord). Each
+// record is a serialized tensorflow.Event protobuf; the few fields written
+// here are encoded by hand (wire format: varint keys, fixed64 doubles,
+// fixed32 floats, length-delimited strings and messages):
+//   Event { double wall_time = 1; int64 step = 2; string file_version = 3;
+//           Summary summary = 5; SessionLog session_log = 6; }
+//   Summary { repeated Value value = 1; }  Value { string tag = 1; float simple_value = 2; }
+//   SessionLog { Status status = 1; }  (START = 1: a resumed run; TensorBoard
+//   then drops what a crashed run wrote past the checkpoint)
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <boost/crc.hpp>
+#include <fmt/format.h>
+
+#include "trainer/Errors.h"
+#include "trainer/Logger.h"
+
+namespace {
+
+using namespace trainer;
+
+// Wire format pieces.
+void varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out += static_cast<char>((v & 0x7f) | 0x80);
+    v >>= 7;
+  }
+  out += static_cast<char>(v);
+}
+template <typename T>
+void fixed(std::string& out, T v) {
+  char bytes[sizeof(T)];
+  std::memcpy(bytes, &v, sizeof(T));  // little-endian, as the wire format
+  out.append(bytes, sizeof(T));
+}
+void key(std::string& out, int field, int wire_type) { varint(out, static_cast<uint64_t>(field << 3 | wire_type)); }
+void bytes_field(std::string& out, int field, const std::string& value) {
+  key(out, field, 2);
+  varint(out, value.size());
+  out += value;
+}
+
+uint32_t masked_crc32c(const char* data, size_t size) {
+  boost::crc_optimal<32, 0x1EDC6F41, 0xFFFFFFFF, 0xFFFFFFFF, true, true> crc;  // CRC-32C (Castagnoli)
+  crc.process_bytes(data, size);
+  const uint32_t c = crc.checksum();
+  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
+}
+
+// TensorBoard's tags, in torchtitan's naming where it has one.
+struct Scalar {
+  const char* field;  // the metric_fields name
+  const char* tag;
+  double scale;
+};
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr Scalar kScalars[] = {
+    {"loss", "loss_metrics/global_avg_loss", 1.0},
+    {"grad_norm", "grad_norm", 1.0},
+    {"lr", "lr", 1.0},
+    {"tokens_per_second", "throughput(tps)", 1.0},
+    {"mfu", "mfu(%)", 100.0},
+    {"memory_allocated_bytes", "memory/max_allocated(GiB)", 1.0 / kGiB},
+    {"memory_reserved_bytes", "memory/max_reserved(GiB)", 1.0 / kGiB},
+    {"rss_bytes", "memory/rss(GiB)", 1.0 / kGiB},
+    {"target_tokens", "target_tokens", 1.0},
+    {"step_seconds", "time/step_seconds", 1.0},
+    {"data_seconds", "time/data_seconds", 1.0},
+};
+
+class TensorBoardLogger final : public Logger {
+ public:
+  TensorBoardLogger(const Options& options, const Context& context) {
+    dir_ = std::filesystem::path(options.text("dir"));
+    if (dir_.is_relative()) dir_ = std::filesystem::path(context.output_dir) / dir_;
+  }
+
+  void start(const RunInfo& info) override {
+    std::filesystem::create_directories(dir_);
+    char host[256] = "localhost";
+    gethostname(host, sizeof(host) - 1);
+    // A resumed run writes a file of its own (TensorBoard reads a directory's files in name order).
+    path_ = dir_ / fmt::format("events.out.tfevents.{:010d}.{}.{}.{}", static_cast<long long>(now()), host, getpid(),
+                               info.first_step);
+    out_.open(path_, std::ios::binary | std::ios::trunc);
+    if (!out_) throw InputError(fmt::format("{}: cannot open for writing", path_.string()));
+    std::string event;
+    key(event, 1, 1);
+    fixed(event, now());
+    bytes_field(event, 3, "brain.Event:2");
+    write(event);
+    if (info.first_step > 0) {
+      std::string resumed;
+      key(resumed, 1, 1);
+      fixed(resumed, now());
+      key(resumed, 2, 0);
+      varint(resumed, static_cast<uint64_t>(info.first_step + 1));
+      std::string session_log;
+      key(session_log, 1, 0);
+      varint(session_log, 1);  // START
+      bytes_field(resumed, 6, session_log);
+      write(resumed);
+    }
+  }
+
+  void log(const StepRecord& r) override {
+    std::string summary;
+    const auto fields = metric_fields(r);
+    for (const Scalar& s : kScalars) {
+      for (const MetricField& f : fields) {
+        if (std::string_view(f.name) != s.field || !std::isfinite(f.value)) continue;
+        std::string value;
+        bytes_field(value, 1, s.tag);
+        key(value, 2, 5);
+        fixed(value, static_cast<float>(f.value * s.scale));
+        bytes_field(summary, 1, value);
+      }
+    }
+    std::string event;
+    key(event, 1, 1);
+    fixed(event, now());
+    key(event, 2, 0);
+    varint(event, static_cast<uint64_t>(r.step));
+    bytes_field(event, 5, summary);
+    write(event);
+  }
+
+  void finish() override {
+    if (out_.is_open()) out_.flush();
+  }
+
+ private:
+  static double now() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+
+  // One TFRecord, flushed: a crash leaves only whole records.
+  void write(const std::string& data) {
+    const uint64_t length = data.size();
+    char header[8];
+    std::memcpy(header, &length, 8);
+    const uint32_t length_crc = masked_crc32c(header, 8), data_crc = masked_crc32c(data.data(), data.size());
+    out_.write(header, 8);
+    out_.write(reinterpret_cast<const char*>(&length_crc), 4);
+    out_.write(data.data(), static_cast<std::streamsize>(data.size()));
+    out_.write(reinterpret_cast<const char*>(&data_crc), 4);
+    out_.flush();
+    if (!out_) throw TrainingError(fmt::format("{}: write failed", path_.string()));
+  }
+
+  std::filesystem::path dir_, path_;
+  std::ofstream out_;
+};
+
+constexpr KeySpec kKeys[] = {
+    {"dir", ValueType::String, "'tensorboard'", "directory of the event files, relative to the run's output directory"},
+};
+
+Component* create(const Options& options, const Context& context) { return new TensorBoardLogger(options, context); }
+
+const PluginDescriptor* describe() {
+  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Logger, "tensorboard", "0.1.0",
+                                           "TensorBoard event files (scalars per step)", TRAINER_TORCH_VERSION,
+                                           kKeys, std::size(kKeys), &create};
+  return &descriptor;
+}
+
+}  // namespace
+
+TRAINER_PLUGIN(describe)
