@@ -57,7 +57,7 @@ TEST(Weights, ExportLoadsBackAsAHuggingFaceDirectory) {
   const auto from_hf = trainer("forward " + kQuickstart + " --set model.hf_dir=" + hf + " --tokens " + tokens +
                                " --out " + hf + "/a.bin");
   ASSERT_EQ(from_hf.exit_code, 0) << from_hf.output;
-  EXPECT_NE(from_hf.output.find("{\"shape\": [2, 6, 64]}"), std::string::npos) << from_hf.output;
+  EXPECT_NE(from_hf.output.find("{\"shape\":[2,6,64]}"), std::string::npos) << from_hf.output;
   const auto from_file = trainer("forward " + kQuickstart + " --set model.init_from=" + trained +
                                  "/model.safetensors --tokens " + tokens + " --out " + hf + "/b.bin");
   ASSERT_EQ(from_file.exit_code, 0) << from_file.output;
