@@ -4,7 +4,7 @@
 # corpus in tests/fuzz/corpus/<target>; any crash, leak, hang or UB report
 # fails the script and leaves the input in build-fuzz/crash-<target>-*.
 # Found inputs worth keeping go into the seed corpus as regression cases.
-#   scripts/fuzz.sh [target...]     (targets: safetensors metrics manifest recipe)
+#   scripts/fuzz.sh [target...]     (targets: safetensors metrics manifest recipe jsonl-record hf-config)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -21,21 +21,26 @@ flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
        -Icore/include -Icore/src)
 declare -A sources=([safetensors]="core/src/SafetensorsHeader.cpp" [metrics]="core/src/Metrics.cpp"
                     [manifest]="core/src/Manifest.cpp"
-                    [recipe]="core/src/Recipe.cpp core/src/CoreSections.cpp core/src/Options.cpp core/src/PluginRegistry.cpp")
-declare -A names=([safetensors]=Safetensors [metrics]=Metrics [manifest]=Manifest [recipe]=Recipe)
+                    [recipe]="core/src/Recipe.cpp core/src/CoreSections.cpp core/src/Options.cpp core/src/PluginRegistry.cpp"
+                    [jsonl-record]="datasets/jsonl/JsonlRecord.cpp"
+                    [hf-config]="models/qwen2/Qwen2Config.cpp core/src/Options.cpp")
+declare -A names=([safetensors]=Safetensors [metrics]=Metrics [manifest]=Manifest [recipe]=Recipe
+                  [jsonl-record]=JsonlRecord [hf-config]=HfConfig)
 # The recipe target checks plugin names and keys against the build's plugins
 # (scripts/build.sh first); TOML++'s internal assertions stay no-ops, as in
 # the release build (with them on it aborts on input it then rejects cleanly).
-declare -A extra=([recipe]="-DBOOST_DLL_USE_STD_FS -I/usr/include/torch/csrc/api/include -DTOML_ASSERT(expr)=static_assert(true) -ldl")
+torch_headers="-DBOOST_DLL_USE_STD_FS -I/usr/include/torch/csrc/api/include"  # Plugin.h's torch/version.h
+declare -A extra=([recipe]="$torch_headers -DTOML_ASSERT(expr)=static_assert(true) -ldl"
+                  [jsonl-record]="$torch_headers -Idatasets/jsonl" [hf-config]="$torch_headers -Imodels/qwen2")
 export FUZZ_PLUGIN_DIR="$root/build/lib/trainer/plugins"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors metrics manifest recipe)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors metrics manifest recipe jsonl-record hf-config)
 status=0
 for t in "${targets[@]}"; do
   # shellcheck disable=SC2086
   clang++ "${flags[@]}" "tests/fuzz/Fuzz${names[$t]}.cpp" ${sources[$t]} ${extra[$t]:-} -o "$out/fuzz-$t"
   rm -rf "$out/corpus-$t" && mkdir -p "$out/corpus-$t"
-  if "$out/fuzz-$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+  if "$out/fuzz-$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
        -artifact_prefix="$out/crash-$t-" "$out/corpus-$t" "tests/fuzz/corpus/$t" >"$out/fuzz-$t.log" 2>&1; then
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$out/fuzz-$t.log" | grep -o '[0-9]*$')
     echo "fuzz $t: ${runs:-?} executions in ${seconds}s, no crash"

@@ -11,15 +11,13 @@
 
 #include "trainer/Dataset.h"
 #include "trainer/Errors.h"
-#include "trainer/JsonSupport.h"
 #include "trainer/Log.h"
+
+#include "JsonlRecord.h"
 
 namespace {
 
 using namespace trainer;
-
-// Byte-level tokenizer: byte b is token b; then BOS and EOS.
-constexpr int32_t kBos = 256, kEos = 257, kByteVocab = 258;
 
 class JsonlDataset final : public Dataset {
  public:
@@ -28,7 +26,8 @@ class JsonlDataset final : public Dataset {
         seq_len_(options.integer("seq_len")),
         vocab_size_(options.integer("vocab_size")),
         completion_only_(options.boolean("completion_only_loss")),
-        shuffle_(options.boolean("shuffle")) {
+        shuffle_(options.boolean("shuffle")),
+        record_format_{seq_len_, vocab_size_, completion_only_} {
     if (std::filesystem::exists(path_) && !std::filesystem::is_regular_file(path_)) {
       options.fail("path", fmt::format("a regular file; '{}' is not one", path_));  // a FIFO would block
     }
@@ -41,7 +40,7 @@ class JsonlDataset final : public Dataset {
     for (int64_t number = 1; std::getline(in, line); ++number) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       try {
-        samples_.push_back(parse(line));
+        samples_.push_back(parse_jsonl_record(line, record_format_));
       } catch (const std::exception& error) {
         const std::string where = fmt::format("{}:{}: {}", path_, number, error.what());
         if (!skip_bad) throw InputError(where + " (set dataset.skip_bad_lines = true to skip such lines)");
@@ -68,67 +67,10 @@ class JsonlDataset final : public Dataset {
   bool shuffle() const override { return shuffle_; }
 
  private:
-  std::vector<int32_t> ids(const Json& array, const char* key) const {
-    if (!array.is_array()) throw std::runtime_error(fmt::format("\"{}\" must be an array of token ids", key));
-    std::vector<int32_t> out;
-    for (size_t i = 0; i < array.size(); ++i) {
-      const Json& id = array[i];
-      if (!json_is_int64(id)) {  // 2.5, "2" and 1e2 are not ids, whatever they would round to
-        throw std::runtime_error(fmt::format("\"{}\"[{}] is not an integer token id", key, i));
-      }
-      const int64_t value = id.get<int64_t>();
-      if (value < 0 || value >= vocab_size_) {
-        throw std::runtime_error(fmt::format("\"{}\"[{}] = {} is outside [0, vocab_size = {})", key, i, value,
-                                             vocab_size_));
-      }
-      out.push_back(static_cast<int32_t>(value));
-    }
-    return out;
-  }
-
-  Sample parse(const std::string& line) const {
-    const Json record = json_parse(line);
-    if (!record.is_object()) throw std::runtime_error("expected a JSON object");
-    std::vector<int32_t> prompt, completion;
-    const Json* prompt_ids = json_find(record, "prompt_ids");
-    if (prompt_ids) {
-      const Json* completion_ids = json_find(record, "completion_ids");
-      if (!completion_ids) throw std::runtime_error("\"prompt_ids\" without \"completion_ids\"");
-      prompt = ids(*prompt_ids, "prompt_ids");
-      completion = ids(*completion_ids, "completion_ids");
-    } else {
-      const Json* p = json_find(record, "prompt");
-      const Json* c = json_find(record, "completion");
-      if (!p || !c || !p->is_string() || !c->is_string()) {
-        throw std::runtime_error("expected string fields \"prompt\" and \"completion\" (or \"prompt_ids\" and \"completion_ids\")");
-      }
-      if (vocab_size_ < kByteVocab) {
-        throw std::runtime_error(fmt::format("text records need vocab_size >= {} (bytes, BOS, EOS)", kByteVocab));
-      }
-      prompt.push_back(kBos);
-      for (const unsigned char b : p->get_ref<const std::string&>()) prompt.push_back(b);
-      for (const unsigned char b : c->get_ref<const std::string&>()) completion.push_back(b);
-      completion.push_back(kEos);
-    }
-    Sample sample;
-    sample.tokens = prompt;
-    sample.tokens.insert(sample.tokens.end(), completion.begin(), completion.end());
-    sample.target.assign(prompt.size(), completion_only_ ? 0 : 1);
-    sample.target.resize(sample.tokens.size(), 1);
-    if (!sample.target.empty()) sample.target[0] = 0;
-    // Truncation keeps the start: the model sees at most seq_len inputs.
-    const size_t limit = static_cast<size_t>(seq_len_ + 1);
-    if (sample.tokens.size() > limit) {
-      sample.tokens.resize(limit);
-      sample.target.resize(limit);
-    }
-    if (sample.tokens.size() < 2) throw std::runtime_error("a record needs at least two tokens");
-    return sample;
-  }
-
   std::string path_;
   int64_t seq_len_, vocab_size_;
   bool completion_only_, shuffle_;
+  JsonlRecordFormat record_format_;
   std::vector<Sample> samples_;
 };
 
