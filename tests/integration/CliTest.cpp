@@ -73,18 +73,26 @@ TEST(Cli, BadRecipesExitWithTwoAndNameTheProblem) {
   }
 }
 
+// The quickstart with `logger` and a jsonl logger into DIR/run: 4 steps
+// with a checkpoint every `interval`, then resumed to 6; the resumed run's output.
+std::string run_and_resume(const std::string& dir, const std::string& logger, int interval) {
+  const std::string recipe = write_file(dir + "/recipe.toml", read_file(kQuickstart) + "\n[[logger]]\nname = '" +
+                                                                  logger + "'\n[[logger]]\nname = 'jsonl'\n");
+  const std::string out = " --set run.output_dir=" + dir + "/run --set checkpoint.interval=" +
+                          std::to_string(interval) + " --set training.steps=";
+  const CommandResult first = trainer("run " + recipe + out + "4");
+  EXPECT_EQ(first.exit_code, 0) << first.output;
+  const CommandResult resumed = trainer("run " + recipe + out + "6 --set checkpoint.resume=auto");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  return resumed.output;
+}
+
 // The csv logger's rows hold the jsonl records' values exactly, and a
 // resumed run continues the file with every step once.
 TEST(Cli, CsvLoggerWritesTheJsonlColumnsAndSurvivesResume) {
   const std::string dir = scratch_dir("CliCsv");
-  const std::string recipe = write_file(dir + "/recipe.toml", read_file(kQuickstart) +
-                                                                  "\n[[logger]]\nname = 'csv'\n[[logger]]\nname = 'jsonl'\n");
-  const std::string out = " --set run.output_dir=" + dir + "/run --set checkpoint.interval=2 --set training.steps=";
-  ASSERT_EQ(trainer("run " + recipe + out + "4").exit_code, 0);
-  const CommandResult resumed = trainer("run " + recipe + out + "6 --set checkpoint.resume=auto");
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("resumed from " + dir + "/run/checkpoints/step-00000004"), std::string::npos)
-      << resumed.output;
+  const std::string resumed = run_and_resume(dir, "csv", 2);
+  EXPECT_NE(resumed.find("resumed from " + dir + "/run/checkpoints/step-00000004"), std::string::npos) << resumed;
   std::istringstream csv(read_file(dir + "/run/metrics.csv"));
   std::string line;
   std::getline(csv, line);
@@ -235,12 +243,7 @@ std::vector<EventScalars> read_events(const std::string& file) {
 // that starts with TensorBoard's restart marker.
 TEST(Cli, TensorBoardEventFilesHoldTheMetrics) {
   const std::string dir = scratch_dir("CliTensorBoard");
-  const std::string recipe = write_file(dir + "/recipe.toml", read_file(kQuickstart) +
-                                                                  "\n[[logger]]\nname = 'tensorboard'\n[[logger]]\nname = 'jsonl'\n");
-  const std::string out = " --set run.output_dir=" + dir + "/run --set checkpoint.interval=3 --set training.steps=";
-  ASSERT_EQ(trainer("run " + recipe + out + "4").exit_code, 0);
-  const CommandResult resumed = trainer("run " + recipe + out + "6 --set checkpoint.resume=auto");
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  run_and_resume(dir, "tensorboard", 3);
   std::vector<std::string> files;
   for (const auto& entry : std::filesystem::directory_iterator(dir + "/run/tensorboard")) files.push_back(entry.path().string());
   std::sort(files.begin(), files.end());
