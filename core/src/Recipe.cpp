@@ -3,8 +3,10 @@
 #include "Recipe.h"
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <sstream>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -132,6 +134,67 @@ Value convert(const KeySpec& spec, const toml::node& node, const std::string& wh
   throw fail();
 }
 
+// TOML allows non-ASCII characters only inside strings and comments. TOML++
+// 3.3 (Debian's) classifies one outside them with generated tables that
+// reach __builtin_unreachable for most of U+00A1..U+FEFE (found by the
+// recipe fuzz target): undefined behaviour on input that is invalid TOML
+// anyway. So such text is refused here, before TOML++ sees it, naming the
+// place. A UTF-8 byte-order mark at the very start is allowed.
+// The line and column of the first non-ASCII byte outside strings and
+// comments, or line 0 when there is none.
+std::pair<int64_t, int64_t> bare_non_ascii(std::string_view text) {
+  enum class State { Plain, Comment, Basic, Literal, MultiBasic, MultiLiteral } state = State::Plain;
+  int64_t line = 1, column = 0;
+  const size_t start = text.substr(0, 3) == "\xEF\xBB\xBF" ? 3 : 0;
+  for (size_t i = start; i < text.size(); ++i) {
+    const char c = text[i];
+    ++column;
+    if (c == '\n') {
+      ++line;
+      column = 0;
+      if (state == State::Comment || state == State::Basic || state == State::Literal) state = State::Plain;
+      continue;
+    }
+    switch (state) {
+      case State::Plain:
+        if (static_cast<unsigned char>(c) >= 0x80) return {line, column};
+        if (c == '#') state = State::Comment;
+        else if (text.substr(i, 3) == "\"\"\"") state = State::MultiBasic, i += 2, column += 2;
+        else if (text.substr(i, 3) == "'''") state = State::MultiLiteral, i += 2, column += 2;
+        else if (c == '"') state = State::Basic;
+        else if (c == '\'') state = State::Literal;
+        break;
+      case State::Comment: break;
+      case State::Basic:
+      case State::MultiBasic:
+        if (c == '\\') {
+          ++i, ++column;  // the escaped character
+          if (i < text.size() && text[i] == '\n') ++line, column = 0;
+        } else if (state == State::Basic && c == '"') {
+          state = State::Plain;
+        } else if (state == State::MultiBasic && text.substr(i, 3) == "\"\"\"") {
+          state = State::Plain, i += 2, column += 2;
+        }
+        break;
+      case State::Literal:
+        if (c == '\'') state = State::Plain;
+        break;
+      case State::MultiLiteral:
+        if (text.substr(i, 3) == "'''") state = State::Plain, i += 2, column += 2;
+        break;
+    }
+  }
+  return {0, 0};
+}
+
+void refuse_bare_non_ascii(std::string_view text, const std::string& where) {
+  if (const auto [line, column] = bare_non_ascii(text); line > 0) {
+    throw InputError(fmt::format("{}:{}:{}: a non-ASCII character outside a string or comment (TOML allows them "
+                                 "only there)",
+                                 where, line, column));
+  }
+}
+
 toml::table parse_literal(const std::string& literal) { return toml::parse("v = " + literal); }
 
 // Validates one table against its declared keys. `path` is "training" or
@@ -183,8 +246,10 @@ void apply_override(toml::table& root, const std::string& argument, Origins& ori
   const std::string raw = argument.substr(equals + 1);
   toml::table parsed;
   try {
+    // Non-ASCII outside quotes is never a TOML literal (and is kept from TOML++, above).
+    if (bare_non_ascii(raw).first > 0) throw std::invalid_argument("not a literal");
     parsed = parse_literal(raw);
-  } catch (const toml::parse_error&) {
+  } catch (const std::exception&) {
     parsed.insert("v", raw);  // not a TOML literal: a bare string, e.g. --set model.name=qwen2
   }
   toml::table* target = nullptr;
@@ -259,6 +324,7 @@ toml::table component_table(const ComponentChoice& choice) {
 }  // namespace
 
 Options plugin_options(const LoadedPlugin& plugin, const std::string& table_text) {
+  refuse_bare_non_ascii(table_text, plugin.file);
   const toml::table table = toml::parse(table_text);
   const PluginDescriptor& d = *plugin.descriptor;
   return validate(table, d.name, d.name, d.keys, d.num_keys, Origins(plugin.file), false);
@@ -286,8 +352,14 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
     throw InputError(fmt::format("{}: {}; a recipe is a TOML file", file,
                                  std::filesystem::exists(file, kind_error) ? "not a regular file" : "no such file"));
   }
+  std::ifstream in(file, std::ios::binary);
+  std::stringstream content;
+  content << in.rdbuf();
+  if (!in) throw InputError(fmt::format("{}: cannot read recipe", file));
+  const std::string text = content.str();
+  refuse_bare_non_ascii(text, file);
   try {
-    root = toml::parse_file(file);
+    root = toml::parse(text, file);
   } catch (const toml::parse_error& error) {
     const auto& begin = error.source().begin;
     if (begin.line == 0) throw InputError(fmt::format("{}: cannot read recipe: {}", file, error.description()));
