@@ -1,7 +1,10 @@
 // Key functions of the SDK's interfaces: defining them here makes
 // libtrainer_core.so the one home of their vtables and typeinfo.
 #include <cmath>
+#include <fstream>
 #include <limits>
+
+#include "Files.h"
 
 #include "trainer/Comm.h"
 #include "trainer/Errors.h"
@@ -19,6 +22,18 @@ torch::Tensor Model::logits(const torch::Tensor&) {
 UnitHooks::~UnitHooks() = default;
 Dataset::~Dataset() = default;
 Logger::~Logger() = default;
+
+void keep_steps_until(const std::string& path, int64_t last_step, const std::string& prefix,
+                      const std::function<std::optional<int64_t>(const std::string& line)>& step_of) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept = prefix, line;
+  while (std::getline(in, line)) {
+    const std::optional<int64_t> step = step_of(line);
+    if (step && *step <= last_step) kept += line + "\n";
+  }
+  write_file_atomically(path, kept);
+}
 
 std::vector<MetricField> metric_fields(const StepRecord& r) {
   using K = MetricField::Kind;

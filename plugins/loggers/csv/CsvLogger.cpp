@@ -62,21 +62,15 @@ class CsvLogger final : public Logger {
   // A resumed run continues the file: the header and the rows up to the
   // checkpoint's step are kept, later ones (written before a crash) dropped.
   void keep_until(int64_t last_step) {
-    std::ifstream in(path_);
-    std::string kept = std::string(header()) + "\n", line;
-    std::getline(in, line);  // the header
-    while (std::getline(in, line)) {
+    keep_steps_until(path_.string(), last_step, header() + "\n", [](const std::string& line) -> std::optional<int64_t> {
       const size_t comma = line.find(',');
-      if (comma == std::string::npos) continue;  // a torn last row of a crashed run
+      if (comma == std::string::npos) return std::nullopt;  // a torn last row of a crashed run
       try {
-        if (std::stoll(line.substr(0, comma)) <= last_step) kept += line + "\n";
+        return std::stoll(line.substr(0, comma));
       } catch (const std::exception&) {
-        // a torn last row of a crashed run
+        return std::nullopt;  // the header, or a torn last row
       }
-    }
-    const std::filesystem::path temporary = path_.string() + ".tmp";
-    std::ofstream(temporary, std::ios::trunc) << kept;
-    std::filesystem::rename(temporary, path_);
+    });
   }
 
   std::filesystem::path path_;

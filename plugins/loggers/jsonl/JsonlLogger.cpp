@@ -56,21 +56,16 @@ class JsonlLogger final : public Logger {
   // A resumed run continues the file: records past the checkpoint's step
   // (written before a crash) are dropped so every step appears once.
   void keep_until(int64_t last_step) {
-    std::ifstream in(path_);
-    if (!in) return;
-    std::string kept, line;
-    while (std::getline(in, line)) {
+    keep_steps_until(path_.string(), last_step, "", [](const std::string& line) -> std::optional<int64_t> {
       try {
         const Json record = json_parse(line);
         const Json* step = json_find(record, "step");
-        if (step && json_is_int64(*step) && step->get<int64_t>() <= last_step) kept += line + "\n";
+        if (step && json_is_int64(*step)) return step->get<int64_t>();
       } catch (const std::exception&) {
         // a torn last line of a crashed run
       }
-    }
-    const std::filesystem::path temporary = path_.string() + ".tmp";
-    std::ofstream(temporary, std::ios::trunc) << kept;
-    std::filesystem::rename(temporary, path_);
+      return std::nullopt;
+    });
   }
 
   std::filesystem::path path_;
