@@ -15,9 +15,13 @@
 
 namespace trainer {
 
+namespace {
+c10::DeviceIndex index_of(const torch::Device& device) { return device.index() < 0 ? 0 : device.index(); }
+}  // namespace
+
 void reset_memory_peaks(const torch::Device& device) {
 #ifdef TRAINER_CUDA_KERNELS
-  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(index_of(device));
 #else
   (void)device;
 #endif
@@ -27,7 +31,7 @@ MemoryPeaks memory_peaks(const torch::Device& device) {
   MemoryPeaks peaks;
 #ifdef TRAINER_CUDA_KERNELS
   if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index_of(device));
     peaks.allocated_bytes = stats.allocated_bytes[0].peak;  // [0]: the aggregate over pools
     peaks.reserved_bytes = stats.reserved_bytes[0].peak;
     return peaks;
@@ -50,10 +54,10 @@ double measure_matmul_flops(const torch::Device& device, torch::Dtype dtype) {
   torch::Tensor c = torch::empty({n, n}, options);
   std::vector<double> seconds;
   for (int i = 0; i < 13; ++i) {
-    torch::cuda::synchronize(device.index() < 0 ? 0 : device.index());
+    torch::cuda::synchronize(index_of(device));
     const auto start = std::chrono::steady_clock::now();
     at::mm_out(c, a, b);
-    torch::cuda::synchronize(device.index() < 0 ? 0 : device.index());
+    torch::cuda::synchronize(index_of(device));
     if (i >= 3) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());

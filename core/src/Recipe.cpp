@@ -245,13 +245,16 @@ void apply_override(toml::table& root, const std::string& argument, Origins& ori
   }
   const std::string raw = argument.substr(equals + 1);
   toml::table parsed;
-  try {
-    // Non-ASCII outside quotes is never a TOML literal (and is kept from TOML++, above).
-    if (bare_non_ascii(raw).first > 0) throw std::invalid_argument("not a literal");
-    parsed = parse_literal(raw);
-  } catch (const std::exception&) {
-    parsed.insert("v", raw);  // not a TOML literal: a bare string, e.g. --set model.name=qwen2
+  // Non-ASCII outside quotes is never a TOML literal (and is kept from TOML++, above).
+  bool literal = bare_non_ascii(raw).first == 0;
+  if (literal) {
+    try {
+      parsed = parse_literal(raw);
+    } catch (const toml::parse_error&) {
+      literal = false;
+    }
   }
+  if (!literal) parsed.insert("v", raw);  // a bare string, e.g. --set model.name=qwen2
   toml::table* target = nullptr;
   if (indexed) {
     toml::array* loggers = root["logger"].as_array();
