@@ -18,7 +18,13 @@ Arms, each its own process, all in one run:
   ddp, zero3       trainer run with strategy ddp / zero3
   NAME=KEY=V,...   a trainer arm (ddp) with recipe overrides, e.g.
                    ckpt=model.activation_checkpointing=full
-The first --warmup steps are left out of the timing. MFU = (6 N + 12 L H T)
+The first --warmup steps are left out of the timing: the wall time from the
+end of the last warm-up step to the end of the last step, every kernel of
+those steps finished (HF: torch.cuda.synchronize; trainer: elapsed_seconds of
+metrics.jsonl, whose steps end when the update's kernels have).
+--profile DIR records two steps after the warm-up of every arm with the
+PyTorch profiler (Chrome traces DIR/ARM.json; the trainer's run.profile_start)
+and prints where the device time went (bench/trace_summary.py). MFU = (6 N + 12 L H T)
 FLOPs per token x tokens/s / the bf16 matmul rate measured at the start of
 the run. Peak memory is nvidia-smi's figure for each process (sampled every
 50 ms), the same measurement for every arm; beside it the caching
@@ -31,6 +37,7 @@ fragmentation adds. Run from the project root:
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -133,6 +140,8 @@ name = "console"
 interval = 5
 """)
     overrides = [f"run.peak_tflops={args.peak_tflops}"] + overrides
+    if args.profile:
+        overrides += [f"run.profile_start={args.warmup + 1}", "run.profile_steps=2"]
     command = [args.trainer, "run", recipe] + [a for o in overrides for a in ("--set", o)]
     process = subprocess.Popen(command, stdout=sys.stderr, stderr=sys.stderr)
     memory = PeakMemory(process.pid)
@@ -143,9 +152,12 @@ interval = 5
     peak = memory.stop()
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     allocator = (max(r["memory_allocated_bytes"] for r in rows) / 2**30, max(r["memory_reserved_bytes"] for r in rows) / 2**30)
-    rows = rows[args.warmup:]
-    seconds = sum(r["step_seconds"] for r in rows)
-    return sum(r["input_tokens"] for r in rows) / seconds, peak, rows[-1]["loss"], allocator
+    if args.profile:
+        shutil.copy(os.path.join(out, "profile", "trace.json"), os.path.join(args.profile, f"{name}.json"))
+    # The profiled steps are timed too: leave them out with the warm-up.
+    skip = args.warmup + (2 if args.profile else 0)
+    seconds = rows[-1]["elapsed_seconds"] - rows[skip - 1]["elapsed_seconds"]
+    return sum(r["input_tokens"] for r in rows[skip:]) / seconds, peak, rows[-1]["loss"], allocator
 
 
 HUGGING_FACE = r"""
@@ -164,24 +176,34 @@ def loss_of(batch):
 
 if COMPILE:
     loss_of = torch.compile(loss_of)
-times = []
+PROFILE = PROFILE_PATH
+profiler = None
 for step in range(STEPS):
-    torch.cuda.synchronize(); start = time.perf_counter()
+    if step == WARMUP and PROFILE:
+        torch.cuda.synchronize()
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                      torch.profiler.ProfilerActivity.CUDA], record_shapes=True)
+        profiler.__enter__()
+    if step == WARMUP + (2 if PROFILE else 0):
+        torch.cuda.synchronize(); start = time.perf_counter()
     loss = loss_of(tokens[step])
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    torch.cuda.synchronize(); times.append(time.perf_counter() - start)
+    if profiler is not None and step == WARMUP + 1:
+        torch.cuda.synchronize(); profiler.__exit__(None, None, None); profiler.export_chrome_trace(PROFILE)
     if step % 5 == 0: print(f"NAME step {step + 1}: loss {loss.item():.4f}", file=sys.stderr)
-print(sum(times[WARMUP:]), loss.item(), torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30)
+torch.cuda.synchronize()
+print(time.perf_counter() - start, loss.item(), torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30)
 """
 
 
 def run_hugging_face(args, config, name, fused, compiled):
     code = (HUGGING_FACE.replace("CONFIG", repr(config)).replace("STEPS", str(args.steps))
             .replace("MICRO", str(args.micro_batch)).replace("SEQ", str(args.seq)).replace("WARMUP", str(args.warmup))
-            .replace("FUSED", str(fused)).replace("COMPILE", str(compiled)).replace("NAME", name))
+            .replace("FUSED", str(fused)).replace("COMPILE", str(compiled)).replace("NAME", name)
+            .replace("PROFILE_PATH", repr(os.path.join(args.profile, f"{name}.json") if args.profile else "")))
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
     memory = PeakMemory(process.pid)
     out, _ = process.communicate()
@@ -190,7 +212,8 @@ def run_hugging_face(args, config, name, fused, compiled):
         print(f"{name} failed", file=sys.stderr)
         return None
     seconds, loss, allocated, reserved = (float(x) for x in out.strip().splitlines()[-1].split())
-    return (args.steps - args.warmup) * args.micro_batch * args.seq / seconds, peak, loss, (allocated, reserved)
+    timed = args.steps - args.warmup - (2 if args.profile else 0)
+    return timed * args.micro_batch * args.seq / seconds, peak, loss, (allocated, reserved)
 
 
 def main():
@@ -204,7 +227,10 @@ def main():
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--json", help="also write the table here")
+    parser.add_argument("--profile", help="write a Chrome trace of two steps of every arm into this directory")
     args = parser.parse_args()
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
     config = SHAPES[args.shape]
     work = tempfile.mkdtemp(prefix="bench-")
     windows = args.steps * args.micro_batch + 1
@@ -240,6 +266,12 @@ def main():
               f"| {allocated:.1f} / {reserved:.1f} | {loss:.4f} |")
         table.append(dict(run=name, tokens_per_second=speed, mfu=speed * per_token / peak, peak_gib=memory, loss=loss,
                           allocated_gib=allocated, reserved_gib=reserved))
+    if args.profile:
+        for name in results:
+            trace = os.path.join(args.profile, f"{name.removeprefix('trainer ')}.json")
+            if os.path.exists(trace):
+                subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "trace_summary.py"), trace,
+                                "--steps", "2"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(shape=args.shape, matmul_tflops=peak / 1e12, parameters=params, rows=table), f, indent=1)

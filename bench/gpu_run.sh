@@ -5,6 +5,9 @@
 #   tests   ctest -L gpu and -L unit
 #   hf      bench/hf_logits_check.py on CUDA
 #   b05     bench.py at the 0.5B shape     b3    bench.py at the 3B shape
+#   tb      bench/tensorboard_check.py: the event files read by TensorBoard's reader
+#   tok     bench/tokenizer_reference.py: Hugging Face tokenizers' ids for the test corpus
+#           (tokenizer.json carried in .deps/tokenizer-qwen3)
 # Extra bench.py arguments: $BENCH_ARGS (e.g. --arms ddp,zero3).
 set -uo pipefail
 out=${OUT:-/tmp/gpu-out}
@@ -21,6 +24,9 @@ for stage in $stages; do
     tests) (cd build-gpu && ctest -L 'gpu|unit' --output-on-failure) >"$out/ctest.log" 2>&1 || status=1
            grep -E "tests passed|Failed|FAILED|\*\*\*" "$out/ctest.log" | head -30 ;;
     hf) python3 bench/hf_logits_check.py --trainer build-gpu/bin/trainer --device cuda 2>&1 | tail -4 || status=1 ;;
+    tb) python3 bench/tensorboard_check.py --trainer build-gpu/bin/trainer 2>&1 | tail -12 || status=1 ;;
+    tok) python3 bench/tokenizer_reference.py --tokenizer .deps/tokenizer-qwen3/tokenizer.json \
+           --out "$out/qwen3-expected.json" || status=1 ;;
     b05|b3) shape=0.5b; [ "$stage" = b3 ] && shape=3b
             python3 bench/bench.py --trainer build-gpu/bin/trainer --shape $shape --json "$out/$stage.json" \
               ${BENCH_ARGS:-} 2>"$out/$stage.err" | tee "$out/$stage.txt" || status=1 ;;

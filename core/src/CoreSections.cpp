@@ -18,6 +18,11 @@ constexpr KeySpec kRunKeys[] = {
      "per-rank peak TFLOP/s that MFU is relative to; 0: measured at start on CUDA (a bf16 or fp32 matmul), "
      "no MFU on the CPU",
      0, 1e9},
+    {"profile_start", VT::Int, "0",
+     "first step (1-based) recorded with the PyTorch profiler into <output_dir>/profile/trace.json "
+     "(a Chrome trace: host operators and CUDA kernels); 0: off",
+     0, 1e12},
+    {"profile_steps", VT::Int, "1", "steps recorded from run.profile_start", 1, 1000},
 };
 constexpr KeySpec kTrainingKeys[] = {
     {"steps", VT::Int, "100", "optimizer steps to run", 1, 1e12},

@@ -2,12 +2,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <vector>
 
 #include <unistd.h>
 
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
+
+#include <fmt/format.h>
+
+#include "trainer/Log.h"
 
 #ifdef TRAINER_CUDA_KERNELS
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -62,6 +69,56 @@ double measure_matmul_flops(const torch::Device& device, torch::Dtype dtype) {
   }
   std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
   return 2.0 * n * n * n / seconds[seconds.size() / 2];
+}
+
+std::string profiler_unavailable() {
+  namespace prof = torch::profiler::impl;
+  const std::set<prof::ActivityType> activities{prof::ActivityType::CPU};
+  const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
+  const std::filesystem::path probe =
+      std::filesystem::temp_directory_path() / fmt::format("trainer-profile-probe-{}.json", getpid());
+  try {  // whether a trace can be saved is known only to the LibTorch build, at run time
+    torch::autograd::profiler::prepareProfiler(config, activities);
+    torch::autograd::profiler::enableProfiler(config, activities);
+    torch::autograd::profiler::disableProfiler()->save(probe.string());
+  } catch (const c10::Error& error) {
+    std::error_code ignored;
+    std::filesystem::remove(probe, ignored);
+    return fmt::format("a LibTorch that can write profiler traces; this one cannot ({})", error.msg());
+  }
+  std::error_code ignored;
+  std::filesystem::remove(probe, ignored);
+  return {};
+}
+
+StepProfiler::StepProfiler(int64_t first, int64_t count, std::string path, const torch::Device& device)
+    : first_(first), last_(first + count - 1), path_(std::move(path)), device_(device) {}
+
+StepProfiler::~StepProfiler() {
+  if (recording_) torch::autograd::profiler::disableProfiler();  // a step threw: nothing to write
+}
+
+void StepProfiler::step_begins(int64_t step) {
+  if (first_ <= 0 || step != first_) return;
+  namespace prof = torch::profiler::impl;
+  std::set<prof::ActivityType> activities{prof::ActivityType::CPU};
+  if (device_.is_cuda()) activities.insert(prof::ActivityType::CUDA);
+  const prof::ProfilerConfig config(prof::ProfilerState::KINETO, /*report_input_shapes=*/true);
+  torch::autograd::profiler::prepareProfiler(config, activities);
+  if (device_.is_cuda()) torch::cuda::synchronize(index_of(device_));
+  torch::autograd::profiler::enableProfiler(config, activities);
+  recording_ = true;
+}
+
+void StepProfiler::step_ended(int64_t step) {
+  if (!recording_ || step != last_) return;
+  if (device_.is_cuda()) torch::cuda::synchronize(index_of(device_));
+  const std::unique_ptr<torch::autograd::profiler::ProfilerResult> result =
+      torch::autograd::profiler::disableProfiler();
+  recording_ = false;
+  std::filesystem::create_directories(std::filesystem::path(path_).parent_path());
+  result->save(path_);
+  log::info(fmt::format("profile of steps {}..{} written to {}", first_, last_, path_));
 }
 
 }  // namespace trainer

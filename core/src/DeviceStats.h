@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <torch/types.h>
 
@@ -23,5 +24,30 @@ MemoryPeaks memory_peaks(const torch::Device& device);
 /// Dense matmul rate in FLOP/s on `device` in `dtype`: the median of timed
 /// 8192^3 products; 0 on the CPU (not measured: give run.peak_tflops).
 double measure_matmul_flops(const torch::Device& device, torch::Dtype dtype);
+
+/// Empty when this LibTorch can record and write a profiler trace (it was
+/// built with Kineto); otherwise what is missing, for an error message.
+std::string profiler_unavailable();
+
+/// Records the steps [first, first + count) (1-based) with the PyTorch
+/// profiler (Kineto: host operators and, on CUDA, every kernel and copy) and
+/// writes them as one Chrome trace (chrome://tracing, Perfetto) at `path`.
+/// first = 0: off. The device is synchronized at both ends of the window so
+/// the trace holds exactly the work of those steps.
+class StepProfiler {
+ public:
+  StepProfiler(int64_t first, int64_t count, std::string path, const torch::Device& device);
+  ~StepProfiler();
+  StepProfiler(const StepProfiler&) = delete;
+  StepProfiler& operator=(const StepProfiler&) = delete;
+  void step_begins(int64_t step);
+  void step_ended(int64_t step);
+
+ private:
+  int64_t first_, last_;
+  std::string path_;
+  torch::Device device_;
+  bool recording_ = false;
+};
 
 }  // namespace trainer

@@ -279,10 +279,21 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
                         parameter_count, steps, global_batch_size, shape.micro_batch_size, shape.grad_accum_steps,
                         shape.world_size, info.strategy, context.output_dir));
 
+  const int64_t profile_start = recipe.run.integer("profile_start");
+  if (profile_start > steps) {
+    recipe.run.fail("profile_start", fmt::format("a step of this run, 1..{} (training.steps), or 0 for off", steps));
+  }
+  if (profile_start > 0) {
+    const std::string missing = profiler_unavailable();
+    if (!missing.empty()) recipe.run.fail("profile_start", missing);
+  }
+  StepProfiler profiler(profile_start, std::min(recipe.run.integer("profile_steps"), steps - profile_start + 1),
+                        (fs::path(context.output_dir) / "profile" / "trace.json").string(), device);
   using Clock = std::chrono::steady_clock;
   const Clock::time_point run_start = Clock::now();
   int64_t applied_updates = position.applied_updates;  // Adam's step count: once per applied optimizer step
   for (int64_t step = position.step; step < steps; ++step) {
+    profiler.step_begins(step + 1);
     const Clock::time_point step_start = Clock::now();
     reset_memory_peaks(device);
     // Prefetch the whole accumulation window so N_t is known before the
@@ -346,7 +357,14 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
         strategy->apply_update(UpdateArgs{record.lr, clip_coefficient(record.grad_norm, max_grad_norm), applied_updates});
       }
     }
+    // Every rank stops at the same step: the signal may reach them apart.
+    // Reading the flag waits for the step's last kernel (the update), so the
+    // step's time below is the device's, not only the host's launches.
+    torch::Tensor stop = torch::tensor({static_cast<int64_t>(g_stop_signal.load())}, torch::kInt64).to(device);
+    if (comm->world_size() > 1) comm->all_reduce_sum(stop);
+    const bool stopping = stop.item<int64_t>() != 0;
     const Clock::time_point step_end = Clock::now();
+    profiler.step_ended(step + 1);
     record.step_seconds = std::chrono::duration<double>(step_end - step_start).count();
     record.elapsed_seconds = std::chrono::duration<double>(step_end - run_start).count();
     record.data_seconds = data_seconds;
@@ -360,10 +378,6 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
     record.rss_bytes = peaks.rss_bytes;
     loggers.log(record);
 
-    // Every rank stops at the same step: the signal may reach them apart.
-    torch::Tensor stop = torch::tensor({static_cast<int64_t>(g_stop_signal.load())}, torch::kInt64).to(device);
-    if (comm->world_size() > 1) comm->all_reduce_sum(stop);
-    const bool stopping = stop.item<int64_t>() != 0;
     if ((interval > 0 && (step + 1) % interval == 0) || stopping) {
       const std::string dir = checkpointer.save(*strategy, *model, *comm, TrainingPosition{step + 1, applied_updates});
       log::info(fmt::format("checkpoint {} written", dir));

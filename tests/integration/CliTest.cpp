@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "TestSupport.h"
+#include "trainer/JsonSupport.h"
 
 namespace trainer {
 namespace {
@@ -149,6 +150,33 @@ TEST(Cli, MetricsCarryThroughputMfuDataTimeAndMemory) {
     EXPECT_TRUE(std::isnan(r.at("memory_allocated_bytes")));
     EXPECT_TRUE(std::isnan(r.at("memory_reserved_bytes")));
   }
+}
+
+// run.profile_start records steps into a Chrome trace where the LibTorch
+// build can write one (Kineto); where it cannot, the run refuses the key
+// before the first step instead of training without the trace it was asked for.
+TEST(Cli, ProfileWritesAChromeTraceOrRefusesTheKey) {
+  const std::string dir = scratch_dir("CliProfile");
+  const CommandResult run = trainer("run " + kQuickstart + " --set run.output_dir=" + dir +
+                                    " --set training.steps=3 --set run.profile_start=2 --set run.profile_steps=5");
+  if (run.exit_code == 2) {
+    EXPECT_TRUE(contains(run, "run.profile_start")) << run.output;
+    EXPECT_TRUE(contains(run, "profiler traces")) << run.output;
+    EXPECT_FALSE(contains(run, "step 1/3")) << run.output;
+  } else {
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const Json trace = json_parse(read_file(dir + "/profile/trace.json"));
+    const Json* events = json_find(trace, "traceEvents");
+    ASSERT_NE(events, nullptr);
+    const bool has_matmul = std::any_of(events->begin(), events->end(), [](const Json& e) {
+      return e.value("name", std::string()).find("aten::") == 0;
+    });
+    EXPECT_TRUE(has_matmul);
+  }
+  const CommandResult beyond = trainer("run " + kQuickstart + " --set run.output_dir=" + dir +
+                                       "-beyond --set training.steps=3 --set run.profile_start=4");
+  EXPECT_EQ(beyond.exit_code, 2) << beyond.output;
+  EXPECT_TRUE(contains(beyond, "1..3 (training.steps)")) << beyond.output;
 }
 
 // A reader of TensorBoard event files written from the format's definition

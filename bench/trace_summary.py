@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Where the device time of a Chrome trace went (PyTorch profiler / Kineto).
+
+Reads a trace written by the trainer's run.profile_start or by
+torch.profiler's export_chrome_trace, and prints, per step (--steps):
+the device's busy and idle time over the span from the first to the last
+kernel, the time by kind of kernel (GEMM, attention, the loss, the optimizer,
+other elementwise and reductions, copies, collectives), the kernels that
+took the most time, and the longest idle gaps with the kernel before each.
+
+    python3 bench/trace_summary.py trace.json --steps 2 [--top 25]
+"""
+import argparse
+import json
+import re
+from collections import defaultdict
+
+KINDS = [  # first match wins; on the kernel's name
+    ("collective", re.compile(r"nccl", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|sdpa|cudnn", re.I)),
+    ("gemm", re.compile(r"gemm|xmma|cutlass|nvjet|cublas|sm90_|matmul", re.I)),
+    ("loss", re.compile(r"cross_entropy|softmax|log_softmax|nll|logsumexp", re.I)),
+    ("optimizer", re.compile(r"adam|multi_tensor|foreach|fused_adam", re.I)),
+    ("reduction", re.compile(r"reduce|norm", re.I)),
+]
+
+
+def kind_of(event):
+    if event.get("cat") in ("gpu_memcpy", "gpu_memset"):
+        return "copy/memset"
+    for kind, pattern in KINDS:
+        if pattern.search(event["name"]):
+            return kind
+    return "elementwise/other"
+
+
+def short(name, width=110):
+    name = re.sub(r"\s+", " ", name)
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trace")
+    parser.add_argument("--steps", type=int, default=1, help="steps the trace holds (figures are per step)")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    with open(args.trace) as f:
+        events = json.load(f)["traceEvents"]
+    device = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    n = args.steps
+    print(f"== {args.trace}")
+    if not device:
+        print("no device events (a CPU trace?)")
+        return
+    device.sort(key=lambda e: e["ts"])
+    begin, end = device[0]["ts"], max(e["ts"] + e["dur"] for e in device)
+    busy, gaps, cursor, before = 0.0, [], begin, None
+    for e in device:
+        if e["ts"] > cursor:
+            gaps.append((e["ts"] - cursor, before, e["name"]))
+        start = max(cursor, e["ts"])
+        stop = e["ts"] + e["dur"]
+        if stop > start:
+            busy += stop - start
+            cursor = stop
+        before = e["name"]
+    span = end - begin
+    print(f"per step: span {span / n / 1e3:.2f} ms, device busy {busy / n / 1e3:.2f} ms, idle {(span - busy) / n / 1e3:.2f} ms "
+          f"({(span - busy) / span:.1%}); {len(device) / n:.0f} device events")
+    by_kind = defaultdict(lambda: [0.0, 0])
+    by_name = defaultdict(lambda: [0.0, 0])
+    for e in device:
+        by_kind[kind_of(e)][0] += e["dur"]
+        by_kind[kind_of(e)][1] += 1
+        by_name[e["name"]][0] += e["dur"]
+        by_name[e["name"]][1] += 1
+    total = sum(v[0] for v in by_kind.values())
+    print("by kind (ms per step, share of kernel time, events per step):")
+    for kind, (dur, count) in sorted(by_kind.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {kind:18s} {dur / n / 1e3:8.2f} {dur / total:6.1%} {count / n:7.0f}")
+    print(f"top {args.top} kernels (ms per step, calls per step, mean us):")
+    for name, (dur, count) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[: args.top]:
+        print(f"  {dur / n / 1e3:8.2f} {count / n:6.0f} {dur / count:9.1f}  {short(name)}")
+    gaps.sort(key=lambda g: -g[0])
+    print(f"idle gaps: {len(gaps) / n:.0f} per step; the longest (us, kernel before -> after):")
+    for gap, before, after in gaps[:10]:
+        print(f"  {gap:9.1f}  {short(before or '-', 60)} -> {short(after, 60)}")
+
+
+if __name__ == "__main__":
+    main()
