@@ -20,7 +20,7 @@ Arms, each its own process, all in one run:
                    ckpt=model.activation_checkpointing=full
 The first --warmup steps are left out of the timing: the wall time from the
 end of the last warm-up step to the end of the last step, every kernel of
-those steps finished (HF: torch.cuda.synchronize; trainer: elapsed_seconds of
+those steps finished (HF: torch.cuda.synchronize; trainer: the step_seconds of
 metrics.jsonl, whose steps end when the update's kernels have).
 --profile DIR records two steps after the warm-up of every arm with the
 PyTorch profiler (Chrome traces DIR/ARM.json; the trainer's run.profile_start)
@@ -156,7 +156,7 @@ interval = 5
         shutil.copy(os.path.join(out, "profile", "trace.json"), os.path.join(args.profile, f"{name}.json"))
     # The profiled steps are timed too: leave them out with the warm-up.
     skip = args.warmup + (2 if args.profile else 0)
-    seconds = rows[-1]["elapsed_seconds"] - rows[skip - 1]["elapsed_seconds"]
+    seconds = sum(r["step_seconds"] for r in rows[skip:])
     return sum(r["input_tokens"] for r in rows[skip:]) / seconds, peak, rows[-1]["loss"], allocator
 
 

@@ -199,7 +199,7 @@ class Qwen2Model final : public Model {
                                                       heads.v.transpose(1, 2))
                                  .transpose(1, 2)
                                  .reshape({b, t, c.hidden_size});
-    const Tensor y = x + torch::linear(attention, l.o_weight);
+    const Tensor y = x + ops::linear(attention, {l.o_weight});
     const Tensor gate_up = ops::linear_of(norm, y, {l.post_attention_norm}, {l.gate_weight, l.up_weight});
     return y + ops::linear_of(swiglu, gate_up, {}, {l.down_weight});
   }

@@ -10,6 +10,7 @@
 
 #include "trainer/AdamW.h"
 #include "trainer/Model.h"
+#include "trainer/ops/Linear.h"
 #include "trainer/ops/LinearCrossEntropy.h"
 #include "trainer/ops/RmsNorm.h"
 #include "trainer/ops/Rotary.h"
@@ -84,10 +85,62 @@ TEST(OpsGpu, SplitQkvRotaryKernelMatchesTheCpuPath) {
 TEST(OpsGpu, SwiGluKernelMatchesTheCpuPath) {
   REQUIRE_CUDA();
   torch::manual_seed(2);
-  for (const auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat64}) {
-    compare_paths("swiglu", torch::randn({3, 37, 2 * 301}) * 3, dtype,
-                  [](const torch::Tensor& x) { return std::vector<torch::Tensor>{ops::swiglu(x)}; });
+  // Width 301: the scalar path; 1288: 16-byte packs in every dtype, more
+  // than one block per row; 70000 rows: more rows than the grid's y extent.
+  const std::vector<std::vector<int64_t>> shapes = {{3, 37, 2 * 301}, {3, 37, 2 * 1288}, {70000, 2 * 8}};
+  for (const auto& shape : shapes) {
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat64}) {
+      compare_paths("swiglu", torch::randn(shape) * 3, dtype,
+                    [](const torch::Tensor& x) { return std::vector<torch::Tensor>{ops::swiglu(x)}; });
+    }
   }
+}
+
+// bf16 weights whose .grad are views of one fp32 buffer (as the strategies
+// bind them): the GEMM adds each micro-step's weight gradient into them in
+// fp32. Reference: sum over micro-steps of dY^T X in fp64 from the same bf16
+// values. bf16 x bf16 products are exact in fp32 and 2 x 300 of them are
+// summed in fp32: relative error a few 1e-7, so 1e-5; a bf16 rounding of each
+// micro-step's gradient (the unfused path) would show as ~2e-3.
+TEST(OpsGpu, LinearAddsWeightGradientsIntoBoundFp32Buffers) {
+  REQUIRE_CUDA();
+  torch::manual_seed(4);
+  const int64_t in = 64, rows_a = 48, rows_b = 80, tokens = 300;
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  for (const bool stacked : {true, false}) {
+    const int64_t rows = stacked ? rows_a + rows_b : rows_a;
+    const torch::Tensor flat = (torch::randn({rows * in}) * 0.1).to(bf16);
+    const torch::Tensor buffer = torch::zeros({rows * in}, bf16.dtype(torch::kFloat32));
+    std::vector<torch::Tensor> weights;
+    for (const auto& [offset, r] : std::vector<std::pair<int64_t, int64_t>>{{0, rows_a}, {rows_a, rows_b}}) {
+      if (offset + r > rows) break;
+      torch::Tensor w = flat.narrow(0, offset * in, r * in).view({r, in}).detach().requires_grad_(true);
+      w.mutable_grad() = buffer.narrow(0, offset * in, r * in).view({r, in});
+      weights.push_back(w);
+    }
+    torch::Tensor expected = torch::zeros({rows, in}, torch::kFloat64);
+    for (int micro = 0; micro < 2; ++micro) {
+      const torch::Tensor x = torch::randn({tokens, in}).to(bf16);
+      const torch::Tensor dy = torch::randn({tokens, rows}).to(bf16);
+      ops::linear(x, weights).backward(dy);
+      expected += dy.to(torch::kCPU, torch::kFloat64).t().mm(x.to(torch::kCPU, torch::kFloat64));
+    }
+    for (const torch::Tensor& w : weights) {
+      const void* bound = buffer.data_ptr<float>() + (w.data_ptr<at::BFloat16>() - flat.data_ptr<at::BFloat16>());
+      EXPECT_EQ(static_cast<const void*>(w.grad().data_ptr()), bound)
+          << "the bound buffer was replaced";
+    }
+    EXPECT_LT(relative_error(buffer.view({rows, in}), expected), 1e-5) << (stacked ? "stacked" : "one weight");
+  }
+  // Unbound: autograd's own bf16 gradient, as before.
+  torch::Tensor w = (torch::randn({rows_a, in}) * 0.1).to(bf16).requires_grad_(true);
+  const torch::Tensor x = torch::randn({tokens, in}).to(bf16);
+  const torch::Tensor dy = torch::randn({tokens, rows_a}).to(bf16);
+  ops::linear(x, {w}).backward(dy);
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_EQ(w.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_LT(relative_error(w.grad(), dy.to(torch::kCPU, torch::kFloat64).t().mm(x.to(torch::kCPU, torch::kFloat64))),
+            tolerance(torch::kBFloat16));
 }
 
 TEST(OpsGpu, LinearCrossEntropySumMatchesTheCpuPath) {
@@ -123,6 +176,19 @@ TEST(OpsGpu, LinearCrossEntropyKernelGivesTheLossAndBothGradients) {
       return std::vector<torch::Tensor>{loss.detach(), h.grad(), w.grad()};
     };
     const std::vector<torch::Tensor> reference = run(torch::kCPU, torch::kFloat64);
+    // A bf16 weight whose .grad a strategy bound to an fp32 buffer: the head
+    // adds its gradient there in fp32, once (micro-steps accumulate).
+    {
+      const torch::Tensor h = hidden.to(kCuda, torch::kBFloat16);
+      const torch::Tensor w = weight.to(kCuda, torch::kBFloat16).detach().set_requires_grad(true);
+      const torch::Tensor buffer = torch::zeros({vocab, 64}, h.options().dtype(torch::kFloat32));
+      w.mutable_grad() = buffer;
+      for (int micro = 0; micro < 2; ++micro) {
+        (ops::linear_cross_entropy_sum(h, w, labels.to(kCuda), /*chunk_rows=*/64) * 0.5).backward();
+      }
+      EXPECT_EQ(w.grad().data_ptr(), buffer.data_ptr());
+      EXPECT_LT(relative_error(buffer, 2 * reference[2]), tolerance(torch::kBFloat16)) << "bound fp32 .grad, vocab " << vocab;
+    }
     for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
       const std::vector<torch::Tensor> gpu = run(kCuda, dtype);
       // bf16 inputs round the GEMM operands (2^-9 relative) before fp32 accumulation: 2e-2, as above.

@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
+#include <torch/version.h>
 
 namespace trainer::ops {
 
@@ -15,10 +16,9 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The tensors stacked along dim 0: a view when they lie back to back in one
-// storage (no copy, and zero3's re-gathered storage is seen through it),
-// otherwise a concatenated copy.
-torch::Tensor stacked(const std::vector<torch::Tensor>& parts) {
+// The tensors stacked along dim 0 as a view when they lie back to back in
+// one storage; undefined when they do not.
+torch::Tensor adjacent_view(const std::vector<torch::Tensor>& parts) {
   bool adjacent = true;
   int64_t rows = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -28,10 +28,45 @@ torch::Tensor stacked(const std::vector<torch::Tensor>& parts) {
                p.storage_offset() == parts[0].storage_offset() + parts[0].numel() / parts[0].size(0) * rows;
     rows += p.size(0);
   }
-  if (!adjacent) return torch::cat(parts, 0);
+  if (!adjacent) return torch::Tensor();
   std::vector<int64_t> sizes = parts[0].sizes().vec();
   sizes[0] = rows;
   return parts[0].as_strided(sizes, parts[0].strides());
+}
+
+// The tensors stacked along dim 0: a view when they lie back to back in one
+// storage (no copy, and zero3's re-gathered storage is seen through it),
+// otherwise a concatenated copy.
+torch::Tensor stacked(const std::vector<torch::Tensor>& parts) {
+  torch::Tensor view = adjacent_view(parts);
+  return view.defined() ? view : torch::cat(parts, 0);
+}
+
+// Where the weight-gradient GEMM can add into the weights' gradients itself
+// (as Megatron's gradient-accumulation fusion does): bf16 operands on CUDA,
+// every weight's .grad bound to an fp32 buffer of its shape (the strategies
+// bind them) and those buffers back to back. The GEMM then accumulates
+// dY^T X in fp32 straight into them (C = A B + C, fp32 C), where otherwise it
+// writes a bf16 [out, in] result that autograd reads again and widens into
+// the fp32 buffer: 12 bytes per weight element and a kernel less, and no
+// bf16 rounding of each micro-step's weight gradient. Undefined when not.
+torch::Tensor fused_gradient_target(const std::vector<torch::Tensor>& weights, const torch::Tensor& dy) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+  if (!dy.is_cuda() || dy.scalar_type() != torch::kBFloat16) return torch::Tensor();
+  std::vector<torch::Tensor> grads;
+  for (const torch::Tensor& w : weights) {
+    const torch::Tensor& g = w.grad();
+    if (!w.is_leaf() || !g.defined() || g.scalar_type() != torch::kFloat32 || g.sizes() != w.sizes() ||
+        !g.is_contiguous()) {
+      return torch::Tensor();
+    }
+    grads.push_back(g);
+  }
+  return adjacent_view(grads);
+#else
+  (void)weights, (void)dy;
+  return torch::Tensor();
+#endif
 }
 
 // The gradients of y = x W^T + b for stacked W: dx (when wanted) and one
@@ -41,27 +76,34 @@ struct LinearGrads {
   torch::autograd::variable_list weights, biases;
 };
 
+// `weights`: the stacked tensors themselves (their .grad may take the
+// weight gradient in place, see fused_gradient_target; their gradients are
+// then returned undefined, and autograd adds nothing).
 LinearGrads linear_backward(const torch::Tensor& dy_in, const torch::Tensor& x, const torch::Tensor& w,
-                            const std::vector<int64_t>& rows, bool with_bias, bool need_dx) {
+                            const std::vector<torch::Tensor>& weights, bool with_bias, bool need_dx) {
   LinearGrads out;
   const torch::Tensor dy = dy_in.reshape({-1, w.size(0)});
   const torch::Tensor x2 = x.reshape({-1, w.size(1)});
   if (need_dx) out.dx = dy.mm(w).view(x.sizes());
-  const torch::Tensor dw = dy.t().mm(x2);
+  torch::Tensor into = fused_gradient_target(weights, dy);
+  torch::Tensor dw;
+  if (into.defined()) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+    torch::NoGradGuard no_grad;
+    at::addmm_out(into, into, dy.t(), x2, torch::kFloat32);
+#endif
+  } else {
+    dw = dy.t().mm(x2);
+  }
   const torch::Tensor db = with_bias ? dy.sum(0) : torch::Tensor();
   int64_t offset = 0;
-  for (const int64_t r : rows) {
-    out.weights.push_back(dw.narrow(0, offset, r));
+  for (const torch::Tensor& weight : weights) {
+    const int64_t r = weight.size(0);
+    out.weights.push_back(dw.defined() ? dw.narrow(0, offset, r) : torch::Tensor());
     if (with_bias) out.biases.push_back(db.narrow(0, offset, r));
     offset += r;
   }
   return out;
-}
-
-std::vector<int64_t> rows_of(at::TensorList weights) {
-  std::vector<int64_t> rows;
-  for (const torch::Tensor& weight : weights) rows.push_back(weight.size(0));
-  return rows;
 }
 
 struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> {
@@ -72,7 +114,7 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
     const torch::Tensor b = biases.empty() ? torch::Tensor() : stacked(biases.vec());
     ctx->save_for_backward({x});
     ctx->saved_data["w"] = w;
-    ctx->saved_data["rows"] = rows_of(weights);
+    ctx->saved_data["weights"] = weights.vec();  // the parameters themselves, for their .grad
     ctx->saved_data["biases"] = static_cast<int64_t>(biases.size());
     return torch::linear(x, w, b);
   }
@@ -80,7 +122,7 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const torch::Tensor x = ctx->get_saved_variables()[0];
     const torch::Tensor w = ctx->saved_data["w"].toTensor();
-    LinearGrads g = linear_backward(grads[0], x, w, ctx->saved_data["rows"].toIntVector(),
+    LinearGrads g = linear_backward(grads[0], x, w, ctx->saved_data["weights"].toTensorVector(),
                                     ctx->saved_data["biases"].toInt() > 0, ctx->needs_input_grad(0));
     // One gradient per input tensor, in order: x, then each weight, then each bias.
     variable_list out{g.dx};
@@ -94,8 +136,9 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
 class LinearOfBackward final : public torch::autograd::Node {
  public:
   LinearOfBackward(InputFunction f, const torch::Tensor& s, const std::vector<torch::Tensor>& f_params,
-                   torch::Tensor w, std::vector<int64_t> rows, bool with_bias)
-      : f_(std::move(f)), s_(s, /*is_output=*/false), w_(std::move(w)), rows_(std::move(rows)), with_bias_(with_bias) {
+                   torch::Tensor w, std::vector<torch::Tensor> weights, bool with_bias)
+      : f_(std::move(f)), s_(s, /*is_output=*/false), w_(std::move(w)), weights_(std::move(weights)),
+        with_bias_(with_bias) {
     for (const torch::Tensor& p : f_params) params_.emplace_back(p, /*is_output=*/false);
   }
 
@@ -109,7 +152,7 @@ class LinearOfBackward final : public torch::autograd::Node {
       torch::AutoGradMode enable(true);
       h = f_(s, params);
     }
-    LinearGrads g = linear_backward(grads[0], h.detach(), w_, rows_, with_bias_, /*need_dx=*/true);
+    LinearGrads g = linear_backward(grads[0], h.detach(), w_, weights_, with_bias_, /*need_dx=*/true);
     std::vector<torch::Tensor> wanted;
     if (s.requires_grad()) wanted.push_back(s);
     wanted.insert(wanted.end(), params.begin(), params.end());
@@ -131,6 +174,7 @@ class LinearOfBackward final : public torch::autograd::Node {
     s_.reset_data();
     for (torch::autograd::SavedVariable& p : params_) p.reset_data();
     w_ = torch::Tensor();
+    weights_.clear();
   }
 
  private:
@@ -138,7 +182,7 @@ class LinearOfBackward final : public torch::autograd::Node {
   torch::autograd::SavedVariable s_;
   std::vector<torch::autograd::SavedVariable> params_;
   torch::Tensor w_;  // the stacked weights, a view (zero3 refills their storage for backward)
-  std::vector<int64_t> rows_;
+  std::vector<torch::Tensor> weights_;  // the parameters themselves, for their .grad
   bool with_bias_;
 };
 
@@ -148,7 +192,12 @@ torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& w
                      const std::vector<torch::Tensor>& biases) {
   TORCH_CHECK(!weights.empty(), "linear: no weights");
   TORCH_CHECK(biases.empty() || biases.size() == weights.size(), "linear: give no bias or one per weight");
-  if (weights.size() == 1) return torch::linear(x, weights[0], biases.empty() ? torch::Tensor() : biases[0]);
+  // One weight goes to LibTorch's linear, unless its gradient may be added
+  // in place by the GEMM (CUDA, bf16: fused_gradient_target).
+  const bool may_fuse = x.is_cuda() && x.scalar_type() == torch::kBFloat16 && torch::GradMode::is_enabled();
+  if (weights.size() == 1 && !may_fuse) {
+    return torch::linear(x, weights[0], biases.empty() ? torch::Tensor() : biases[0]);
+  }
   return StackedLinearFunction::apply(x, at::TensorList(weights), at::TensorList(biases));
 }
 
@@ -173,7 +222,7 @@ torch::Tensor linear_of(InputFunction f, const torch::Tensor& s, const std::vect
     torch::NoGradGuard no_grad;  // f's output is not kept
     y = torch::linear(f(s, f_params), w, biases.empty() ? torch::Tensor() : stacked(biases));
   }
-  auto node = std::make_shared<LinearOfBackward>(std::move(f), s, f_params, w, rows_of(weights), !biases.empty());
+  auto node = std::make_shared<LinearOfBackward>(std::move(f), s, f_params, w, weights, !biases.empty());
   for (const torch::Tensor& t : inputs) node->add_next_edge(torch::autograd::impl::gradient_edge(t));
   torch::autograd::set_history(y, node);
   return y;

@@ -2,7 +2,7 @@
 // pass, an autograd function whose backward only scales them.
 //
 // Memory: the full [rows, vocab] logits never exist; per chunk of C rows
-// there are C x vocab fp32 logits (at most 512 MiB) and, in bf16, their
+// there are C x vocab fp32 logits (at most 1 GiB) and, in bf16, their
 // softmax gradient beside them. What lives from forward to backward: the
 // hidden gradient [target rows, dim] and the weight gradient [vocab, dim]
 // in fp32.
@@ -29,7 +29,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-constexpr int64_t kChunkBytes = int64_t(1) << 29;  // fp32 logits of one chunk
+constexpr int64_t kChunkBytes = int64_t(1) << 30;  // fp32 logits of one chunk
 
 // into += a^T b, accumulated in into's dtype (fp32) from operands in the compute dtype.
 void add_transposed_product(torch::Tensor& into, const torch::Tensor& a, const torch::Tensor& b) {
@@ -145,7 +145,7 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
       ctx->saved_data["all"] = all;
       ctx->saved_data["index"] = index;
       ctx->saved_data["rows"] = rows;
-      ctx->saved_data["weight_dtype"] = weight.scalar_type();
+      ctx->saved_data["weight"] = weight;  // the parameter itself, for its .grad
     }
     return loss;
   }
@@ -165,8 +165,20 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     if (!ctx->saved_data["all"].toBool()) {
       dh = torch::zeros({ctx->saved_data["rows"].toInt(), grad_h.size(1)}, grad_h.options()).index_copy_(0, index, dh);
     }
+    const torch::Tensor weight = ctx->saved_data["weight"].toTensor();
+    ctx->saved_data.erase("weight");
+    const torch::Tensor& bound = weight.grad();
+    if (weight.is_cuda() && weight.is_leaf() && weight.scalar_type() != grad_w.scalar_type() && bound.defined() &&
+        bound.scalar_type() == grad_w.scalar_type() && bound.sizes() == grad_w.sizes()) {
+      // bf16 weight, fp32 .grad bound by the strategy: added in fp32 in one
+      // pass, where a bf16 copy would round the head's gradient and be read
+      // again to be widened (autograd then adds nothing: the gradient is undefined).
+      torch::NoGradGuard no_grad;
+      bound.addcmul_(grad_w, scale);
+      return {dh, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
     // In place: the step's peak memory falls here, with every activation alive.
-    const torch::Tensor dw = grad_w.mul_(scale).to(ctx->saved_data["weight_dtype"].toScalarType());
+    const torch::Tensor dw = grad_w.mul_(scale).to(weight.scalar_type());
     return {dh, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };

@@ -16,34 +16,76 @@ __device__ inline A sigmoid(A x) {
   return A(1) / (A(1) + exp(-x));
 }
 
-template <typename T>
+// N consecutive elements moved as one 16-byte access (N = 1: the scalar
+// path for widths or addresses that do not allow it).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// Blocks tile a row's packs along x and walk the rows along y, so a thread
+// finds its row and column without dividing (a 64-bit division per element
+// cost more than the arithmetic).
+template <typename T, int N>
 __global__ void swiglu_forward_kernel(const T* gate_up, T* out, int64_t rows, int64_t width) {
   using A = typename Acc<T>::type;
-  const int64_t items = rows * width;
-  for (int64_t item = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; item < items;
-       item += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = item / width, col = item % width;
-    const T* in = gate_up + row * 2 * width;
-    const A g = load(in + col), u = load(in + width + col);
-    store(out + item, g * sigmoid(g) * u);
+  using P = Pack<T, N>;
+  const int64_t packs = width / N;
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    const P* gate = reinterpret_cast<const P*>(gate_up + row * 2 * width);
+    const P* up = reinterpret_cast<const P*>(gate_up + row * 2 * width + width);
+    P* y = reinterpret_cast<P*>(out + row * width);
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < packs; i += int64_t(gridDim.x) * blockDim.x) {
+      const P g = gate[i], u = up[i];
+      P r;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const A gj = load(&g.v[j]);
+        store(&r.v[j], gj * sigmoid(gj) * load(&u.v[j]));
+      }
+      y[i] = r;
+    }
   }
 }
 
-template <typename T>
+template <typename T, int N>
 __global__ void swiglu_backward_kernel(const T* gate_up, const T* d_out, T* d_gate_up, int64_t rows,
                                        int64_t width) {
   using A = typename Acc<T>::type;
-  const int64_t items = rows * width;
-  for (int64_t item = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; item < items;
-       item += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = item / width, col = item % width;
-    const T* in = gate_up + row * 2 * width;
-    T* d_in = d_gate_up + row * 2 * width;
-    const A g = load(in + col), u = load(in + width + col), dy = load(d_out + item);
-    const A s = sigmoid(g);
-    store(d_in + col, dy * u * s * (A(1) + g * (A(1) - s)));
-    store(d_in + width + col, dy * g * s);
+  using P = Pack<T, N>;
+  const int64_t packs = width / N;
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    const P* gate = reinterpret_cast<const P*>(gate_up + row * 2 * width);
+    const P* up = reinterpret_cast<const P*>(gate_up + row * 2 * width + width);
+    const P* dy = reinterpret_cast<const P*>(d_out + row * width);
+    P* d_gate = reinterpret_cast<P*>(d_gate_up + row * 2 * width);
+    P* d_up = reinterpret_cast<P*>(d_gate_up + row * 2 * width + width);
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < packs; i += int64_t(gridDim.x) * blockDim.x) {
+      const P g = gate[i], u = up[i], d = dy[i];
+      P dg, du;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const A gj = load(&g.v[j]), uj = load(&u.v[j]), dj = load(&d.v[j]);
+        const A sj = sigmoid(gj);
+        store(&dg.v[j], dj * uj * sj * (A(1) + gj * (A(1) - sj)));
+        store(&du.v[j], dj * gj * sj);
+      }
+      d_gate[i] = dg;
+      d_up[i] = du;
+    }
   }
+}
+
+constexpr unsigned kThreads = 128;
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// x: enough blocks of kThreads for a row's packs; y: one block row per row
+// up to the grid's limit (the kernels walk the rest).
+dim3 grid_for(int64_t rows, int64_t packs) {
+  const int64_t x = (packs + kThreads - 1) / kThreads;
+  const int64_t y = rows < 65535 ? rows : 65535;
+  return dim3(static_cast<unsigned>(x > 0 ? x : 1), static_cast<unsigned>(y > 0 ? y : 1));
 }
 
 }  // namespace
@@ -51,8 +93,14 @@ __global__ void swiglu_backward_kernel(const T* gate_up, const T* d_out, T* d_ga
 void swiglu_forward(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t width, cudaStream_t stream) {
   dispatch(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    swiglu_forward_kernel<T><<<blocks_for(rows * width, 256), 256, 0, stream>>>(static_cast<const T*>(gate_up),
-                                                                                 static_cast<T*>(out), rows, width);
+    constexpr int N = 16 / sizeof(T);
+    const auto* in = static_cast<const T*>(gate_up);
+    auto* y = static_cast<T*>(out);
+    if (width % N == 0 && aligned16(in) && aligned16(y)) {
+      swiglu_forward_kernel<T, N><<<grid_for(rows, width / N), kThreads, 0, stream>>>(in, y, rows, width);
+    } else {
+      swiglu_forward_kernel<T, 1><<<grid_for(rows, width), kThreads, 0, stream>>>(in, y, rows, width);
+    }
   });
 }
 
@@ -60,8 +108,15 @@ void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* 
                      int64_t width, cudaStream_t stream) {
   dispatch(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    swiglu_backward_kernel<T><<<blocks_for(rows * width, 256), 256, 0, stream>>>(
-        static_cast<const T*>(gate_up), static_cast<const T*>(d_out), static_cast<T*>(d_gate_up), rows, width);
+    constexpr int N = 16 / sizeof(T);
+    const auto* in = static_cast<const T*>(gate_up);
+    const auto* dy = static_cast<const T*>(d_out);
+    auto* d_in = static_cast<T*>(d_gate_up);
+    if (width % N == 0 && aligned16(in) && aligned16(dy) && aligned16(d_in)) {
+      swiglu_backward_kernel<T, N><<<grid_for(rows, width / N), kThreads, 0, stream>>>(in, dy, d_in, rows, width);
+    } else {
+      swiglu_backward_kernel<T, 1><<<grid_for(rows, width), kThreads, 0, stream>>>(in, dy, d_in, rows, width);
+    }
   });
 }
 

@@ -13,7 +13,10 @@ namespace trainer::ops {
 /// `biases` (none, or one per weight). When the weights lie back to back in
 /// one storage (as flat parameter buffers put a block's projections) W is a
 /// view of them and nothing is copied; otherwise they are concatenated.
-/// Gradients are returned per weight and bias, as views of one GEMM's result.
+/// Gradients are returned per weight and bias, as views of one GEMM's result;
+/// except on CUDA in bf16 where every weight's .grad is an fp32 buffer of its
+/// shape, back to back (as the strategies bind them): there the GEMM adds the
+/// weight gradient into those buffers in fp32 and returns it undefined.
 torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
                      const std::vector<torch::Tensor>& biases = {});
 
