@@ -6,15 +6,34 @@
 
 #include <torch/version.h>
 
+#include "ops/Dispatch.h"
+
 namespace trainer {
 
 AdamWState adamw_init(const torch::Tensor& like) {
   return AdamWState{torch::zeros_like(like), torch::zeros_like(like)};
 }
 
-void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& state,
-                  const AdamWConfig& config, bool decay, double lr, int64_t step, double grad_scale) {
-  torch::NoGradGuard no_grad;
+namespace {
+
+#ifdef TRAINER_CUDA_KERNELS
+// The project's kernel: fp32 buffers on CUDA, contiguous, and a bf16 compute copy or none.
+bool own_kernel(const torch::Tensor& params, const torch::Tensor& grads, const AdamWState& state,
+                const torch::Tensor& compute) {
+  const auto fp32_like = [&](const torch::Tensor& t) {
+    return t.is_cuda() && t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.numel() == params.numel();
+  };
+  return fp32_like(params) && fp32_like(grads) && fp32_like(state.exp_avg) && fp32_like(state.exp_avg_sq) &&
+         (!compute.defined() || (compute.is_cuda() && compute.scalar_type() == torch::kBFloat16 &&
+                                 compute.is_contiguous() && compute.numel() == params.numel()));
+}
+#endif
+
+// LibTorch's fused kernel (fp32 on CUDA, 2.x) or torch.optim.AdamW's single-tensor sequence.
+void update_with_libtorch(torch::Tensor& params, const torch::Tensor& grads, AdamWState& state,
+                          const AdamWConfig& config, bool decay, double lr, int64_t step, double grad_scale,
+                          double bias_correction1, double bias_correction2) {
+  (void)step;  // the fused kernel's step count; the sequence below uses the bias corrections
 #if TORCH_VERSION_MAJOR >= 2
   if (params.is_cuda() && params.scalar_type() == torch::kFloat32) {
     // The kernel divides gradients by its grad_scale (made for loss scaling).
@@ -33,11 +52,39 @@ void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& 
   if (decay && config.weight_decay != 0.0) params.mul_(1.0 - lr * config.weight_decay);
   state.exp_avg.lerp_(grads, 1.0 - config.beta1);
   state.exp_avg_sq.mul_(config.beta2).addcmul_(grads, grads, 1.0 - config.beta2);
-  const double bias_correction1 = 1.0 - std::pow(config.beta1, static_cast<double>(step));
-  const double bias_correction2 = 1.0 - std::pow(config.beta2, static_cast<double>(step));
   const double step_size = lr / bias_correction1;
   const torch::Tensor denom = (state.exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(config.eps);
   params.addcdiv_(state.exp_avg, denom, -step_size);
+}
+
+}  // namespace
+
+void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& state,
+                  const AdamWConfig& config, bool decay, double lr, int64_t step, double grad_scale,
+                  const torch::Tensor& compute) {
+  torch::NoGradGuard no_grad;
+  const double bias_correction1 = 1.0 - std::pow(config.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(config.beta2, static_cast<double>(step));
+#ifdef TRAINER_CUDA_KERNELS
+  if (own_kernel(params, grads, state, compute)) {
+    const ops::kernels::AdamWScalars scalars{
+        static_cast<float>(grad_scale),
+        static_cast<float>(decay && config.weight_decay != 0.0 ? 1.0 - lr * config.weight_decay : 1.0),
+        static_cast<float>(1.0 - config.beta1),
+        static_cast<float>(config.beta2),
+        static_cast<float>(1.0 - config.beta2),
+        static_cast<float>(std::sqrt(bias_correction2)),
+        static_cast<float>(config.eps),
+        static_cast<float>(lr / bias_correction1)};
+    ops::kernels::adamw_step(params.data_ptr<float>(), grads.data_ptr<float>(), state.exp_avg.data_ptr<float>(),
+                             state.exp_avg_sq.data_ptr<float>(), compute.defined() ? compute.data_ptr() : nullptr,
+                             params.numel(), scalars, ops::current_stream());
+    ops::check_launch("adamw_step");
+    return;
+  }
+#endif
+  update_with_libtorch(params, grads, state, config, decay, lr, step, grad_scale, bias_correction1, bias_correction2);
+  if (compute.defined()) compute.view(params.sizes()).copy_(params);
 }
 
 double squared_norm(const torch::Tensor& flat) {

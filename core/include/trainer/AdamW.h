@@ -34,9 +34,14 @@ AdamWState adamw_init(const torch::Tensor& like);
 /// (LibTorch 2.x): one fused pass (torch's fused AdamW kernel) reading
 /// parameters, gradients and moments once; elsewhere torch.optim.AdamW's
 /// single-tensor sequence of operations. Elementwise either way, so any
-/// slicing of a buffer into shards gives the same bits.
+/// slicing of a buffer into shards gives the same bits. `compute`, when
+/// given (same number of elements), receives the updated parameters in its
+/// dtype: in the same pass for fp32 parameters and a bf16 `compute` on CUDA
+/// (the project's kernel; the CPU sequence's arithmetic, element by
+/// element), otherwise as a copy after the update.
 void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& state,
-                  const AdamWConfig& config, bool decay, double lr, int64_t step, double grad_scale = 1.0);
+                  const AdamWConfig& config, bool decay, double lr, int64_t step, double grad_scale = 1.0,
+                  const torch::Tensor& compute = torch::Tensor());
 
 /// Sum of squares of a flat buffer, returned on the host: fp32 sums over
 /// fixed chunks of 2^16 elements added in fp64 (no fp64 copy of the buffer;

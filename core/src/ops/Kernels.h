@@ -1,4 +1,4 @@
-// Launchers of the project's own CUDA kernels (Rotary.cu, SwiGlu.cu, CrossEntropy.cu). Plain
+// Launchers of the project's own CUDA kernels (Rotary.cu, SwiGlu.cu, CrossEntropy.cu, AdamW.cu). Plain
 // pointers and a stream: the kernels see no LibTorch header, so nvcc never
 // compiles LibTorch's headers. Built only where CUDA parts are on.
 #pragma once
@@ -37,6 +37,23 @@ void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* 
 /// BFloat16; a Float32 `grad` may be `logits` itself).
 void cross_entropy_rows(Dtype grad_dtype, const float* logits, const int64_t* targets, float* loss, void* grad,
                         int64_t rows, int64_t vocab, cudaStream_t stream);
+
+/// The scalars of one AdamW step, in the fp32 they are applied in.
+struct AdamWScalars {
+  float grad_scale;              ///< the clipping coefficient (1: none)
+  float decay_factor;            ///< 1 - lr * weight_decay (1: no decay)
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float bias_correction2_sqrt;   ///< sqrt(1 - beta2^step)
+  float eps;
+  float step_size;               ///< lr / (1 - beta1^step)
+};
+
+/// One AdamW step over `n` elements of flat fp32 buffers, in place; unless
+/// `compute_bf16` is null, the updated parameters rounded to bf16 there too.
+void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, void* compute_bf16, int64_t n,
+                const AdamWScalars& scalars, cudaStream_t stream);
 
 /// The CUDA error of the last launch as text, or nullptr when there was none.
 const char* last_error();

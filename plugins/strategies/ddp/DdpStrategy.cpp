@@ -87,9 +87,9 @@ class DdpStrategy final : public Strategy {
   void apply_update(const UpdateArgs& args) override {
     torch::NoGradGuard no_grad;
     for (size_t g = 0; g < groups_.size(); ++g) {
+      // The bf16 compute copy is written by the update's own pass.
       adamw_update(groups_[g].values, grads_[g], states_[g], adamw_, groups_[g].decay, args.lr, args.adam_step,
-                   args.grad_scale);
-      sync_compute(groups_[g]);
+                   args.grad_scale, separate_compute(groups_[g]) ? groups_[g].compute : torch::Tensor());
     }
     discard_gradients();
   }

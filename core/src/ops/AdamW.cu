@@ -1,0 +1,77 @@
+// The AdamW step over flat fp32 buffers (AdamW.cpp's adamw_update on CUDA):
+// one pass reading parameters, gradients and both moments and writing them
+// back, and, where a strategy computes in bf16, the updated parameters
+// rounded to bf16 in the same pass (a separate copy would read the fp32
+// parameters again). The arithmetic is adamw_update's CPU sequence, element
+// by element.
+#include "KernelSupport.cuh"
+
+namespace trainer::ops::kernels {
+namespace {
+
+// torch.lerp's formula, exact at both ends.
+__device__ inline float lerp(float self, float end, float weight) {
+  return fabsf(weight) < 0.5f ? self + weight * (end - self) : end - (end - self) * (1.0f - weight);
+}
+
+__device__ inline void adamw_element(float& p, float g, float& m, float& v, const AdamWScalars& s) {
+  g = g * s.grad_scale;
+  p = p * s.decay_factor;
+  m = lerp(m, g, s.one_minus_beta1);
+  v = v * s.beta2 + s.one_minus_beta2 * g * g;
+  const float denom = sqrtf(v) / s.bias_correction2_sqrt + s.eps;
+  p = p - s.step_size * (m / denom);
+}
+
+// Vector path: 4 elements per access (16 bytes of each fp32 buffer, 8 of bf16).
+__global__ void adamw_kernel4(float4* p, const float4* g, float4* m, float4* v, __nv_bfloat162* out, int64_t packs,
+                              AdamWScalars s) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < packs; i += int64_t(gridDim.x) * blockDim.x) {
+    float4 P = p[i], M = m[i], V = v[i];
+    const float4 G = g[i];
+    adamw_element(P.x, G.x, M.x, V.x, s);
+    adamw_element(P.y, G.y, M.y, V.y, s);
+    adamw_element(P.z, G.z, M.z, V.z, s);
+    adamw_element(P.w, G.w, M.w, V.w, s);
+    p[i] = P;
+    m[i] = M;
+    v[i] = V;
+    if (out) {
+      out[2 * i] = __floats2bfloat162_rn(P.x, P.y);
+      out[2 * i + 1] = __floats2bfloat162_rn(P.z, P.w);
+    }
+  }
+}
+
+__global__ void adamw_kernel1(float* p, const float* g, float* m, float* v, __nv_bfloat16* out, int64_t n,
+                              AdamWScalars s) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    adamw_element(p[i], g[i], m[i], v[i], s);
+    if (out) out[i] = __float2bfloat16(p[i]);
+  }
+}
+
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, void* compute_bf16, int64_t n,
+                const AdamWScalars& scalars, cudaStream_t stream) {
+  auto* out = static_cast<__nv_bfloat16*>(compute_bf16);
+  constexpr unsigned threads = 256;
+  const bool vector = aligned(params, 16) && aligned(grads, 16) && aligned(exp_avg, 16) && aligned(exp_avg_sq, 16) &&
+                      (out == nullptr || aligned(out, 8));
+  const int64_t packs = vector ? n / 4 : 0;
+  if (packs > 0) {
+    adamw_kernel4<<<blocks_for(packs, threads), threads, 0, stream>>>(
+        reinterpret_cast<float4*>(params), reinterpret_cast<const float4*>(grads), reinterpret_cast<float4*>(exp_avg),
+        reinterpret_cast<float4*>(exp_avg_sq), reinterpret_cast<__nv_bfloat162*>(out), packs, scalars);
+  }
+  const int64_t done = packs * 4;
+  if (done < n) {
+    adamw_kernel1<<<blocks_for(n - done, threads), threads, 0, stream>>>(
+        params + done, grads + done, exp_avg + done, exp_avg_sq + done, out ? out + done : nullptr, n - done, scalars);
+  }
+}
+
+}  // namespace trainer::ops::kernels
