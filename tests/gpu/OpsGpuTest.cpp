@@ -231,9 +231,13 @@ TEST(OpsGpu, FusedAdamWMatchesTheCpuUpdate) {
       adamw_update(gpu, grads.to(kCuda), gpu_state, config, /*decay=*/true, 1e-3 * step, step, 0.5, compute);
     }
     // Both compute in fp32; contraction into FMAs rounds a few operations
-    // differently (~1e-7 each). The updates, not the parameters, are compared.
+    // differently (~1e-7 each). The updates (~1e-3 per element) are compared,
+    // measured as new - old parameters: each parameter's own rounding (ulp
+    // 1.2e-7 at |p| ~ 1) is up to ~1e-4 of its update, so 1e-4; a wrong term
+    // (decay, a moment, a bias correction) moves the updates by O(1).
     const torch::Tensor start = initial.narrow(0, offset, n);
-    EXPECT_LT(relative_error(gpu.cpu() - start, cpu_view - start), 1e-5) << "offset " << offset;
+    EXPECT_LT(relative_error(gpu.cpu() - start, cpu_view - start), 1e-4) << "offset " << offset;
+    EXPECT_LT(relative_error(gpu, cpu_view), 1e-6) << "offset " << offset;
     EXPECT_LT(relative_error(gpu_state.exp_avg, cpu_state.exp_avg), 1e-6) << "offset " << offset;
     EXPECT_LT(relative_error(gpu_state.exp_avg_sq, cpu_state.exp_avg_sq), 1e-5) << "offset " << offset;
     EXPECT_TRUE(torch::equal(compute, gpu.to(torch::kBFloat16))) << "offset " << offset;
