@@ -27,6 +27,20 @@ trainer_header_only(xxhash::xxhash xxhash.h)
 find_package(nlohmann_json 3.9 QUIET)
 trainer_header_only(nlohmann_json::nlohmann_json nlohmann/json.hpp)
 
+# The tokenizer (core/src/text): PCRE2 for the pre-tokenizer's Unicode
+# patterns, utf8proc for NFC (Debian libpcre2-dev, libutf8proc-dev). Without
+# them the trainer builds and Tokenizer::load says what is missing.
+find_package(PkgConfig QUIET)
+set(TRAINER_HAS_TOKENIZER OFF)
+if(PkgConfig_FOUND)
+  pkg_check_modules(PCRE2 QUIET IMPORTED_TARGET libpcre2-8)
+  pkg_check_modules(UTF8PROC QUIET IMPORTED_TARGET libutf8proc)
+  if(PCRE2_FOUND AND UTF8PROC_FOUND)
+    set(TRAINER_HAS_TOKENIZER ON)
+  endif()
+endif()
+message(STATUS "trainer: tokenizer (PCRE2, utf8proc) ${TRAINER_HAS_TOKENIZER}")
+
 # CUDA parts (the nccl backend, GPU tests) follow LibTorch unless told otherwise.
 set(TRAINER_HAS_CUDA OFF)
 if(TRAINER_CUDA STREQUAL "AUTO")

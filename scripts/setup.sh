@@ -3,7 +3,8 @@
 # Idempotent; run as root (or with sudo available).
 set -euo pipefail
 packages=(g++ cmake ninja-build libtorch-dev libgloo-dev libboost-dev libtomlplusplus-dev
-          libspdlog-dev libgtest-dev libcli11-dev libxxhash-dev nlohmann-json3-dev)
+          libspdlog-dev libgtest-dev libcli11-dev libxxhash-dev nlohmann-json3-dev
+          libpcre2-dev libutf8proc-dev pkg-config curl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,6 +4,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
+# The tokenizer tests need a real tokenizer file; without the network they fail saying so.
+"$root/scripts/fetch-tokenizer.sh" || echo "test.sh: could not fetch the Qwen3 tokenizer (see scripts/fetch-tokenizer.sh)" >&2
 "$root/scripts/build.sh"
 cd "$root/build"
 ctest --output-on-failure -j "${TRAINER_TEST_JOBS:-2}" "$@"
