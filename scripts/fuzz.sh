@@ -4,15 +4,16 @@
 # corpus in tests/fuzz/corpus/<target>; any crash, leak, hang or UB report
 # fails the script and leaves the input in build-fuzz/crash-<target>-*.
 # Found inputs worth keeping go into the seed corpus as regression cases.
-#   scripts/fuzz.sh [target...]     (targets: safetensors metrics manifest recipe jsonl-record hf-config)
+#   scripts/fuzz.sh [target...]     (targets: safetensors metrics manifest recipe jsonl-record hf-config
+#                                     tokenizer)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 if ! command -v clang++ >/dev/null || ! dpkg-query -W -f='${Status}' libclang-rt-14-dev 2>/dev/null | grep -q "ok installed"; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get install -y -q clang libclang-rt-14-dev libfmt-dev libxxhash-dev nlohmann-json3-dev >/dev/null ||
-    { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q clang libclang-rt-14-dev libfmt-dev libxxhash-dev nlohmann-json3-dev >/dev/null; }
+  $sudo apt-get install -y -q clang libclang-rt-14-dev libfmt-dev libxxhash-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev >/dev/null ||
+    { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q clang libclang-rt-14-dev libfmt-dev libxxhash-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev >/dev/null; }
 fi
 seconds=${FUZZ_SECONDS:-60}
 out=build-fuzz
@@ -22,19 +23,22 @@ flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 declare -A sources=([safetensors]="core/src/SafetensorsHeader.cpp" [metrics]="core/src/Metrics.cpp"
                     [manifest]="core/src/Manifest.cpp"
                     [recipe]="core/src/Recipe.cpp core/src/CoreSections.cpp core/src/Options.cpp core/src/PluginRegistry.cpp"
-                    [jsonl-record]="datasets/jsonl/JsonlRecord.cpp"
-                    [hf-config]="models/qwen2/Qwen2Config.cpp core/src/Options.cpp")
+                    [jsonl-record]="datasets/jsonl/JsonlRecord.cpp core/src/text/Tokenizer.cpp"
+                    [hf-config]="models/qwen2/Qwen2Config.cpp core/src/Options.cpp"
+                    [tokenizer]="core/src/text/Tokenizer.cpp")
 declare -A names=([safetensors]=Safetensors [metrics]=Metrics [manifest]=Manifest [recipe]=Recipe
-                  [jsonl-record]=JsonlRecord [hf-config]=HfConfig)
+                  [jsonl-record]=JsonlRecord [hf-config]=HfConfig [tokenizer]=Tokenizer)
 # The recipe target checks plugin names and keys against the build's plugins
 # (scripts/build.sh first); TOML++'s internal assertions stay no-ops, as in
 # the release build (with them on it aborts on input it then rejects cleanly).
 torch_headers="-DBOOST_DLL_USE_STD_FS -I/usr/include/torch/csrc/api/include"  # Plugin.h's torch/version.h
 declare -A extra=([recipe]="$torch_headers -DTOML_ASSERT(expr)=static_assert(true) -ldl"
-                  [jsonl-record]="$torch_headers -Idatasets/jsonl" [hf-config]="$torch_headers -Imodels/qwen2")
+                  [jsonl-record]="$torch_headers -Idatasets/jsonl" [hf-config]="$torch_headers -Imodels/qwen2"
+                  [tokenizer]="-DTRAINER_HAS_TOKENIZER -lpcre2-8 -lutf8proc")
+scripts/fetch-tokenizer.sh
 export FUZZ_PLUGIN_DIR="$root/build/lib/trainer/plugins"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors metrics manifest recipe jsonl-record hf-config)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors metrics manifest recipe jsonl-record hf-config tokenizer)
 status=0
 for t in "${targets[@]}"; do
   # shellcheck disable=SC2086

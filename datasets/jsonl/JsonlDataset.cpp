@@ -1,6 +1,7 @@
-// Dataset `jsonl`: prompt/completion records, one JSON object per line,
-// either text ("prompt", "completion": byte-level tokens, BOS and EOS added)
-// or pre-tokenised ids ("prompt_ids", "completion_ids": used as given).
+// Dataset `jsonl`: one JSON object per line: text ("prompt", "completion";
+// or "text" for a pretraining line), tokenized by `tokenizer` (a Hugging
+// Face tokenizer.json) or byte by byte without one, or pre-tokenised ids
+// ("prompt_ids", "completion_ids": used as given).
 // The whole file is read and checked when the run starts, so a malformed
 // line is reported before any training, with file and line.
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "trainer/Dataset.h"
 #include "trainer/Errors.h"
 #include "trainer/Log.h"
+#include "trainer/Tokenizer.h"
 
 #include "JsonlRecord.h"
 
@@ -24,10 +26,24 @@ class JsonlDataset final : public Dataset {
   JsonlDataset(const Options& options, const Context&)
       : path_(options.text("path")),
         seq_len_(options.integer("seq_len")),
-        vocab_size_(options.integer("vocab_size")),
         completion_only_(options.boolean("completion_only_loss")),
-        shuffle_(options.boolean("shuffle")),
-        record_format_{seq_len_, vocab_size_, completion_only_} {
+        shuffle_(options.boolean("shuffle")) {
+    if (!options.text("tokenizer").empty()) {
+      try {
+        tokenizer_ = Tokenizer::load(options.text("tokenizer"));
+      } catch (const InputError& error) {
+        throw InputError(std::string("dataset.tokenizer: ") + error.what());
+      }
+    }
+    // 0: the tokenizer's vocabulary (bytes + BOS + EOS without one); a model
+    // whose embedding is padded beyond it sets it explicitly.
+    const int64_t needed = tokenizer_ ? tokenizer_->vocab_size() : 258;
+    vocab_size_ = options.integer("vocab_size") == 0 ? needed : options.integer("vocab_size");
+    if (tokenizer_ && vocab_size_ < needed) {
+      options.fail("vocab_size", fmt::format("at least the tokenizer's {} ({}), or 0 to follow it", needed,
+                                             tokenizer_->path()));
+    }
+    record_format_ = JsonlRecordFormat{seq_len_, vocab_size_, completion_only_, tokenizer_.get()};
     if (std::filesystem::exists(path_) && !std::filesystem::is_regular_file(path_)) {
       options.fail("path", fmt::format("a regular file; '{}' is not one", path_));  // a FIFO would block
     }
@@ -68,16 +84,20 @@ class JsonlDataset final : public Dataset {
 
  private:
   std::string path_;
-  int64_t seq_len_, vocab_size_;
+  int64_t seq_len_, vocab_size_ = 0;
   bool completion_only_, shuffle_;
-  JsonlRecordFormat record_format_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  JsonlRecordFormat record_format_{};
   std::vector<Sample> samples_;
 };
 
 constexpr KeySpec kKeys[] = {
     {"path", ValueType::String, nullptr, "the .jsonl file"},
     {"seq_len", ValueType::Int, "512", "input positions per sample; longer records are truncated", 1, 1 << 24},
-    {"vocab_size", ValueType::Int, "258", "token ids are below this (text records: 256 bytes + BOS + EOS)", 2, 1 << 30},
+    {"tokenizer", ValueType::String, "''",
+     "a Hugging Face tokenizer.json (or a directory holding one) for text records; '': bytes, BOS 256, EOS 257"},
+    {"vocab_size", ValueType::Int, "0",
+     "token ids are below this; 0: the tokenizer's vocabulary (258 without one: 256 bytes + BOS + EOS)", 0, 1 << 30},
     {"completion_only_loss", ValueType::Bool, "true", "loss on completion tokens only (else every token after the first)"},
     {"skip_bad_lines", ValueType::Bool, "false", "skip malformed lines (counted and reported) instead of failing"},
     {"shuffle", ValueType::Bool, "true", "false: step t takes records t*G .. (t+1)*G - 1 in file order"},

@@ -4,7 +4,10 @@
 
 #include <fstream>
 
+#include <filesystem>
+
 #include "TestSupport.h"
+#include "trainer/Tokenizer.h"
 
 namespace trainer {
 namespace {
@@ -34,6 +37,38 @@ TEST(Datasets, JsonlTextInFileOrderCountsCompletionTargets) {
   EXPECT_EQ(rows[0].at("target_tokens"), (1 + 1) + (5 + 1));
   // Step 2: record 2 ("é" is two UTF-8 bytes, plus EOS), then record 0 again.
   EXPECT_EQ(rows[1].at("target_tokens"), (2 + 1) + (1 + 1));
+}
+
+// Text records through Qwen3's real tokenizer (scripts/fetch-tokenizer.sh):
+// the targets are the completion's tokens and the tokenizer's EOS (Qwen3 has
+// no BOS), a "text" line's every token after the first; vocab_size follows
+// the tokenizer, and one below it is refused naming the key.
+TEST(Datasets, JsonlTextThroughAHuggingFaceTokenizer) {
+  const std::string tokenizer_dir = testing::source_path(".cache/tokenizers/qwen3");
+  ASSERT_TRUE(std::filesystem::exists(tokenizer_dir + "/tokenizer.json")) << "run scripts/fetch-tokenizer.sh";
+  const auto tokenizer = Tokenizer::load(tokenizer_dir);
+  const std::string dir = scratch_dir("JsonlTokenizer");
+  write_file(dir + "/data.jsonl",
+             "{\"prompt\": \"Question: what is 12 * 12?\", \"completion\": \" 144, of course.\"}\n"
+             "{\"text\": \"Plain pretraining text, 中文 and emoji 👍.\"}\n");
+  const std::string dataset = "name = 'jsonl'\npath = '" + dir + "/data.jsonl'\nshuffle = false\ntokenizer = '" +
+                              tokenizer_dir + "'\n";
+  const auto result = trainer("run " + recipe(dir, dataset, tokenizer->vocab_size()) + " --set training.steps=1");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto rows = read_metrics(dir + "/run/metrics.jsonl");
+  ASSERT_EQ(rows.size(), 1u);
+  const size_t completion = tokenizer->encode(" 144, of course.").size() + 1;  // + EOS
+  const size_t text = tokenizer->encode("Plain pretraining text, 中文 and emoji 👍.").size();  // + EOS - the first
+  EXPECT_EQ(rows[0].at("target_tokens"), static_cast<double>(completion + text));
+  const auto small = trainer("run " + recipe(dir, dataset + "vocab_size = 1000\n", 1000));
+  EXPECT_EQ(small.exit_code, 2) << small.output;
+  EXPECT_NE(small.output.find("vocab_size"), std::string::npos) << small.output;
+  EXPECT_NE(small.output.find("at least the tokenizer's 151669"), std::string::npos) << small.output;
+  const auto missing = trainer("run " + recipe(dir, "name = 'jsonl'\npath = '" + dir + "/data.jsonl'\ntokenizer = '" +
+                                                   dir + "/nowhere'\n"));
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("dataset.tokenizer: " + dir + "/nowhere: no tokenizer.json"), std::string::npos)
+      << missing.output;
 }
 
 TEST(Datasets, JsonlIdsAndErrorsNameFileAndLine) {
