@@ -12,6 +12,7 @@
 #include "Launcher.h"
 #include "PluginRegistry.h"
 #include "Recipe.h"
+#include "Tokenize.h"
 #include "Tools.h"
 #include "TrainingLoop.h"
 #include "trainer/Errors.h"
@@ -146,6 +147,19 @@ int main(int argc, char** argv) {
   forward->add_option("--tokens", tokens_file, "token ids, one sequence per line")->required();
   forward->add_option("--out", logits_file, "raw float32 logits [sequences, length, vocab]")->required();
 
+  TokenizeRequest tokenize;
+  CLI::App* tokenize_cmd =
+      app.add_subcommand("tokenize", "pre-tokenize a jsonl corpus ({\"text\": ...} per line) for the tokens dataset");
+  tokenize_cmd->add_option("input", tokenize.input, "jsonl file")->required();
+  tokenize_cmd->add_option("--tokenizer", tokenize.tokenizer, "a Hugging Face tokenizer.json or a directory with one")
+      ->required();
+  tokenize_cmd->add_option("--out", tokenize.out, "tokens file (OUT.docs: document offsets, uint64)")->required();
+  tokenize_cmd->add_option("--dtype", tokenize.dtype, "uint16, uint32 or auto")
+      ->check(CLI::IsMember({"auto", "uint16", "uint32"}));
+  tokenize_cmd->add_option("--threads", tokenize.threads, "worker threads (default: one per core)")
+      ->check(CLI::Range(1, 1024));
+  tokenize_cmd->add_flag("--skip-bad-lines", tokenize.skip_bad_lines, "count and skip malformed lines");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -156,6 +170,7 @@ int main(int argc, char** argv) {
   if (nproc > 0) overrides.push_back(fmt::format("distributed.nproc={}", nproc));
   try {
     if (compare->parsed()) return compare_runs(compare_dirs, compare_rtol, compare_quiet);
+    if (tokenize_cmd->parsed()) return tokenize_corpus(tokenize);
     if (export_cmd->parsed()) {
       export_run(export_from, export_to);
       return 0;

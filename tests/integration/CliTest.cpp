@@ -12,6 +12,7 @@
 
 #include "TestSupport.h"
 #include "trainer/JsonSupport.h"
+#include "trainer/Tokenizer.h"
 
 namespace trainer {
 namespace {
@@ -366,6 +367,70 @@ TEST(Cli, EveryConfigValidatesAndRuns) {
     EXPECT_EQ(read_metrics(dir + "/metrics.jsonl").size(), 3u) << file;
   }
   EXPECT_GE(configs, 1);
+}
+
+// trainer tokenize: documents are their ids and EOS, back to back, in input
+// order whatever the thread count; OUT.docs holds the offsets; a bad line is
+// named (file, line) and leaves an existing output as it was, or is counted
+// with --skip-bad-lines; the file trains as a tokens dataset.
+TEST(Cli, TokenizeWritesTheTokensFileAndItsDocumentOffsets) {
+  const std::string tokenizer_dir = source_path(".cache/tokenizers/qwen3");
+  ASSERT_TRUE(std::filesystem::exists(tokenizer_dir + "/tokenizer.json")) << "run scripts/fetch-tokenizer.sh";
+  const auto tokenizer = Tokenizer::load(tokenizer_dir);
+  const std::string dir = scratch_dir("CliTokenize");
+  const std::vector<std::string> texts = {"First document.", "二番目の文書 😀", "def third():\n    return 3\n"};
+  std::string corpus;
+  std::vector<uint32_t> expected;
+  std::vector<uint64_t> offsets{0};
+  for (int copy = 0; copy < 700; ++copy) {  // more lines than one block of the thread pool
+    for (const std::string& text : texts) {
+      corpus += Json{{"text", text}}.dump() + "\n";
+      for (const int64_t id : tokenizer->encode(text)) expected.push_back(static_cast<uint32_t>(id));
+      expected.push_back(static_cast<uint32_t>(*tokenizer->eos_id()));
+      offsets.push_back(expected.size());
+    }
+  }
+  write_file(dir + "/corpus.jsonl", corpus + "\n");
+  auto read_u32 = [](const std::string& path) {
+    const std::string bytes = read_file(path);
+    std::vector<uint32_t> v(bytes.size() / 4);
+    std::memcpy(v.data(), bytes.data(), v.size() * 4);
+    return v;
+  };
+  for (const char* threads : {"1", "3"}) {
+    const CommandResult run = trainer("tokenize " + dir + "/corpus.jsonl --tokenizer " + tokenizer_dir + " --out " + dir +
+                                      "/t" + threads + ".bin --threads " + threads);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_TRUE(contains(run, "tokens/s")) << run.output;
+    EXPECT_EQ(read_u32(dir + "/t" + threads + ".bin"), expected) << threads << " thread(s)";
+    const std::string docs = read_file(dir + "/t" + threads + ".bin.docs");
+    std::vector<uint64_t> got(docs.size() / 8);
+    std::memcpy(got.data(), docs.data(), got.size() * 8);
+    EXPECT_EQ(got, offsets);
+  }
+  // A bad line: exit 2 naming file and line, the earlier output untouched.
+  write_file(dir + "/bad.jsonl", corpus + "{\"txt\": \"no text field\"}\n");
+  const std::string before = read_file(dir + "/t1.bin");
+  const CommandResult bad = trainer("tokenize " + dir + "/bad.jsonl --tokenizer " + tokenizer_dir + " --out " + dir + "/t1.bin");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_TRUE(contains(bad, dir + "/bad.jsonl:2101: expected a JSON object with a string field \"text\"")) << bad.output;
+  EXPECT_EQ(read_file(dir + "/t1.bin"), before);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/t1.bin.partial"));
+  const CommandResult skipped = trainer("tokenize " + dir + "/bad.jsonl --tokenizer " + tokenizer_dir + " --out " + dir +
+                                        "/skip.bin --skip-bad-lines");
+  EXPECT_EQ(skipped.exit_code, 0) << skipped.output;
+  EXPECT_TRUE(contains(skipped, "skipped 1 bad line(s); the first: " + dir + "/bad.jsonl:2101")) << skipped.output;
+  EXPECT_EQ(read_u32(dir + "/skip.bin"), expected);
+  // The output trains as the tokens dataset.
+  const std::string recipe = write_file(
+      dir + "/recipe.toml",
+      "[run]\noutput_dir = '" + dir + "/run'\n[model]\nname = 'qwen2'\nvocab_size = " +
+          std::to_string(tokenizer->vocab_size()) +
+          "\nhidden_size = 16\nintermediate_size = 32\nnum_attention_heads = 2\nnum_key_value_heads = 1\n"
+          "[dataset]\nname = 'tokens'\npath = '" + dir + "/t3.bin'\ndtype = 'uint32'\nseq_len = 32\nvocab_size = " +
+          std::to_string(tokenizer->vocab_size()) + "\n[training]\nsteps = 2\nmicro_batch_size = 2\n");
+  const CommandResult train = trainer("run " + recipe);
+  EXPECT_EQ(train.exit_code, 0) << train.output;
 }
 
 TEST(Cli, BadCommandLineExitsWithTwo) {
