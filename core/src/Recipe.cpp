@@ -348,6 +348,29 @@ std::string closest_key(const std::string& key, const std::vector<std::string>& 
   return best;
 }
 
+namespace {
+
+// A dataset key `tokenizer` left unset takes the model's Hugging Face
+// directory when that holds a tokenizer.json: fine-tuning a checkpoint reads
+// its text with its own tokenizer unless the recipe says otherwise.
+void default_tokenizer_from_model(Recipe& recipe) {
+  const auto has = [](const Options& o, const char* key) {
+    return std::any_of(o.entries().begin(), o.entries().end(), [&](const Options::Entry& e) { return e.key == key; });
+  };
+  Options& dataset = recipe.dataset.options;
+  const Options& model = recipe.model.options;
+  if (!has(dataset, "tokenizer") || dataset.is_set("tokenizer") || !has(model, "hf_dir")) return;
+  const std::string& hf_dir = model.text("hf_dir");
+  if (hf_dir.empty() || !std::filesystem::is_regular_file(std::filesystem::path(hf_dir) / "tokenizer.json")) return;
+  std::vector<Options::Entry> entries = dataset.entries();
+  for (Options::Entry& e : entries) {
+    if (e.key == "tokenizer") e = Options::Entry{e.key, hf_dir, "model.hf_dir"};
+  }
+  dataset = Options(dataset.section(), dataset.file(), std::move(entries));
+}
+
+}  // namespace
+
 Recipe load_recipe(const std::string& file, const std::vector<std::string>& overrides, PluginRegistry& registry) {
   toml::table root;
   std::error_code kind_error;
@@ -393,6 +416,7 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
   recipe.model = choose(table_or_empty(root, "model", origins), "model", PluginKind::Model, nullptr, registry, origins);
   recipe.dataset = choose(table_or_empty(root, "dataset", origins), "dataset", PluginKind::Dataset, nullptr, registry, origins);
   recipe.strategy = choose(table_or_empty(root, "strategy", origins), "strategy", PluginKind::Strategy, "ddp", registry, origins);
+  default_tokenizer_from_model(recipe);
 
   toml::array loggers;
   if (const toml::node* node = root.get("logger")) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "TestSupport.h"
+#include "trainer/JsonSupport.h"
 #include "trainer/Tokenizer.h"
 
 namespace trainer {
@@ -69,6 +70,47 @@ TEST(Datasets, JsonlTextThroughAHuggingFaceTokenizer) {
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_NE(missing.output.find("dataset.tokenizer: " + dir + "/nowhere: no tokenizer.json"), std::string::npos)
       << missing.output;
+}
+
+// configs/finetune/hf-text.toml end to end on a small model the test makes
+// (random weights exported as a Hugging Face directory, Qwen3's real
+// tokenizer copied in): the dataset takes the directory's tokenizer without
+// being told, the model its config.json, and the completion targets are the
+// tokenizer's tokens of the completions plus EOS.
+TEST(Datasets, FineTuneConfigTrainsAHuggingFaceDirectoryOnText) {
+  const std::string tokenizer_dir = testing::source_path(".cache/tokenizers/qwen3");
+  ASSERT_TRUE(std::filesystem::exists(tokenizer_dir + "/tokenizer.json")) << "run scripts/fetch-tokenizer.sh";
+  const auto tokenizer = Tokenizer::load(tokenizer_dir);
+  const std::string dir = scratch_dir("FineTuneHfText");
+  const std::string quickstart = testing::source_path("configs/quickstart.toml");
+  const auto made = trainer("run " + quickstart + " --set run.output_dir=" + dir + "/made --set training.steps=1" +
+                            " --set model.vocab_size=" + std::to_string(tokenizer->vocab_size()));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const std::string hf = dir + "/hf";
+  ASSERT_EQ(trainer("export " + dir + "/made --to " + hf).exit_code, 0);
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(tokenizer_dir + "/" + file, hf + "/" + file);
+  }
+  const std::vector<std::pair<std::string, std::string>> records = {
+      {"Translate to French: cat", " chat"}, {"2 + 2 =", " 4"}, {"Capital of Japan?", " 東京 (Tokyo)."}, {"Hi", " 👋"}};
+  std::string data;
+  size_t targets = 0;
+  for (const auto& [prompt, completion] : records) {
+    data += Json{{"prompt", prompt}, {"completion", completion}}.dump() + "\n";
+    targets += tokenizer->encode(completion).size() + 1;  // + EOS
+  }
+  write_file(dir + "/train.jsonl", data);
+  const auto run = trainer("run " + testing::source_path("configs/finetune/hf-text.toml") + " --set model.hf_dir=" + hf +
+                           " --set dataset.path=" + dir + "/train.jsonl --set run.output_dir=" + dir + "/run" +
+                           " --set training.steps=2 --set training.micro_batch_size=2 --set training.grad_accum_steps=2");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto rows = read_metrics(dir + "/run/metrics.jsonl");
+  ASSERT_EQ(rows.size(), 2u);
+  // Each step is a permutation of the four records (global batch 4 of 4).
+  EXPECT_EQ(rows[0].at("target_tokens"), static_cast<double>(targets));
+  EXPECT_EQ(rows[1].at("target_tokens"), static_cast<double>(targets));
+  const std::string resolved = read_file(dir + "/run/recipe.toml");
+  EXPECT_NE(resolved.find("tokenizer = '" + hf + "'"), std::string::npos) << resolved;
 }
 
 TEST(Datasets, JsonlIdsAndErrorsNameFileAndLine) {
