@@ -6,6 +6,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 # The tokenizer tests need a real tokenizer file; without the network they fail saying so.
 "$root/scripts/fetch-tokenizer.sh" || echo "test.sh: could not fetch the Qwen3 tokenizer (see scripts/fetch-tokenizer.sh)" >&2
+# The HTML report's test loads it in headless Chromium.
+if ! command -v chromium >/dev/null; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q chromium >/dev/null ||
+    { $sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q chromium >/dev/null; }
+fi
 "$root/scripts/build.sh"
 cd "$root/build"
 ctest --output-on-failure -j "${TRAINER_TEST_JOBS:-2}" "$@"

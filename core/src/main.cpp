@@ -133,6 +133,8 @@ int main(int argc, char** argv) {
       ->required()->expected(2, 1 << 20);
   compare->add_option("--rtol", compare_rtol, "largest relative deviation that counts as agreement");
   compare->add_flag("-q,--quiet", compare_quiet, "print only the summary line");
+  std::string compare_html;
+  compare->add_option("--html", compare_html, "also write a self-contained HTML report with the curves here");
 
   std::string export_from, export_to;
   CLI::App* export_cmd =
@@ -169,7 +171,7 @@ int main(int argc, char** argv) {
   log::set_verbose(common.verbose);
   if (nproc > 0) overrides.push_back(fmt::format("distributed.nproc={}", nproc));
   try {
-    if (compare->parsed()) return compare_runs(compare_dirs, compare_rtol, compare_quiet);
+    if (compare->parsed()) return compare_runs(compare_dirs, compare_rtol, compare_quiet, compare_html);
     if (tokenize_cmd->parsed()) return tokenize_corpus(tokenize);
     if (export_cmd->parsed()) {
       export_run(export_from, export_to);

@@ -433,6 +433,51 @@ TEST(Cli, TokenizeWritesTheTokensFileAndItsDocumentOffsets) {
   EXPECT_EQ(train.exit_code, 0) << train.output;
 }
 
+// trainer compare --html in a real browser: headless Chromium (Debian's
+// chromium; test.sh installs it) loads the report offline, the page's own
+// script marks the five charts it drew (data-rendered) and collects any
+// script error (data-errors); a screenshot goes beside the report. The text
+// report names the recipe keys that differ; bad input exits 2.
+TEST(Cli, CompareHtmlReportRendersInChromium) {
+  const std::string dir = scratch_dir("CliCompareHtml");
+  for (const auto& [name, split] : std::vector<std::pair<std::string, std::string>>{
+           {"a", " --set training.micro_batch_size=8"},
+           {"b", " --set training.micro_batch_size=2 --set training.grad_accum_steps=4"}}) {
+    const CommandResult run = trainer("run " + kQuickstart + " --set run.output_dir=" + dir + "/" + name +
+                                      " --set training.steps=8" + split);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+  }
+  const std::string report = dir + "/report.html";
+  const CommandResult compare = trainer("compare " + dir + "/a " + dir + "/b --html " + report);
+  ASSERT_EQ(compare.exit_code, 0) << compare.output;
+  EXPECT_TRUE(contains(compare, "training.grad_accum_steps: 1 | 4")) << compare.output;
+  EXPECT_TRUE(contains(compare, "training.micro_batch_size: 8 | 2")) << compare.output;
+  const std::string page = read_file(report);
+  // Self-contained: nothing loaded from elsewhere.
+  EXPECT_EQ(page.find("<script src="), std::string::npos);
+  EXPECT_EQ(page.find("<link"), std::string::npos);
+  const CommandResult which = testing::run_command("command -v chromium");
+  ASSERT_EQ(which.exit_code, 0) << "chromium is not installed (scripts/test.sh installs it)";
+  const std::string flags = " --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1200,1900"
+                            " --virtual-time-budget=5000 --user-data-dir=" + dir + "/chromium ";
+  const CommandResult dom = testing::run_command("timeout 120 chromium" + flags + "--dump-dom file://" + report +
+                                                 " 2>/dev/null");
+  ASSERT_EQ(dom.exit_code, 0) << dom.output;
+  EXPECT_NE(dom.output.find("data-rendered=\"5\""), std::string::npos) << dom.output.substr(0, 2000);
+  EXPECT_EQ(dom.output.find("data-errors"), std::string::npos) << dom.output.substr(0, 2000);
+  const CommandResult shot = testing::run_command("timeout 120 chromium" + flags + "--screenshot=" + dir +
+                                                  "/report.png file://" + report + " 2>/dev/null");
+  EXPECT_EQ(shot.exit_code, 0) << shot.output;
+  EXPECT_GT(std::filesystem::file_size(dir + "/report.png"), 20000u);
+  // Bad input: a missing run, an empty metrics file, an unwritable report.
+  EXPECT_EQ(trainer("compare " + dir + "/a " + dir + "/nowhere --html " + report).exit_code, 2);
+  write_file(dir + "/empty/metrics.jsonl", "");
+  EXPECT_EQ(trainer("compare " + dir + "/a " + dir + "/empty").exit_code, 2);
+  const CommandResult unwritable = trainer("compare " + dir + "/a " + dir + "/b --html " + dir + "/no/such/dir/r.html");
+  EXPECT_EQ(unwritable.exit_code, 2) << unwritable.output;
+  EXPECT_TRUE(contains(unwritable, "--html " + dir + "/no/such/dir/r.html")) << unwritable.output;
+}
+
 TEST(Cli, BadCommandLineExitsWithTwo) {
   EXPECT_EQ(trainer("fly").exit_code, 2);
   EXPECT_EQ(trainer("run").exit_code, 2);
