@@ -8,6 +8,7 @@
 #   tb      bench/tensorboard_check.py: the event files read by TensorBoard's reader
 #   tok     bench/tokenizer_reference.py: Hugging Face tokenizers' ids for the test corpus
 #           (tokenizer.json carried in .deps/tokenizer-qwen3)
+#   tokb    bench/tokenize_bench.py: trainer tokenize against HF tokenizers (same corpus)
 # Extra bench.py arguments: $BENCH_ARGS (e.g. --arms ddp,zero3).
 set -uo pipefail
 out=${OUT:-/tmp/gpu-out}
@@ -27,6 +28,8 @@ for stage in $stages; do
     tb) python3 bench/tensorboard_check.py --trainer build-gpu/bin/trainer 2>&1 | tail -12 || status=1 ;;
     tok) python3 bench/tokenizer_reference.py --tokenizer .deps/tokenizer-qwen3/tokenizer.json \
            --out "$out/qwen3-expected.json" || status=1 ;;
+    tokb) python3 bench/tokenize_bench.py --trainer build-gpu/bin/trainer --tokenizer .deps/tokenizer-qwen3 \
+            ${TOKB_ARGS:-} 2>&1 | tail -12 || status=1 ;;
     b05|b3) shape=0.5b; [ "$stage" = b3 ] && shape=3b
             python3 bench/bench.py --trainer build-gpu/bin/trainer --shape $shape --json "$out/$stage.json" \
               ${BENCH_ARGS:-} 2>"$out/$stage.err" | tee "$out/$stage.txt" || status=1 ;;
