@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""trainer's qwen2 against Hugging Face transformers.
+"""trainer's qwen2 model against Hugging Face transformers' Qwen2 and Llama.
 
-A Qwen2 model built with transformers (random init, biases and norm scales
+A model built with transformers (random init, biases and norm scales
 perturbed so that they matter), saved with save_pretrained, is loaded by
 `trainer forward` through model.hf_dir; both compute fp32 logits on the same
-tokens. Passes when the norm-wise relative error is at most 1e-4, for tied
-and untied embeddings. Run from the project root after building:
+tokens. Passes when the norm-wise relative error is at most 1e-4, for
+Qwen2 with tied and untied embeddings and for LlamaForCausalLM (no q/k/v
+bias, untied head, rope_scaling of type llama3 with an original context
+shorter than the tokens, so that every band of the scaling is used). Run
+from the project root after building:
 
     python3 bench/hf_logits_check.py --trainer build/bin/trainer --device cuda
 """
@@ -17,16 +20,22 @@ import tempfile
 
 import numpy as np
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 
-def check(trainer, device, tied):
+def check(trainer, device, tied, llama=False):
     work = tempfile.mkdtemp(prefix="hf-check-")
-    config = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6,
-                         tie_word_embeddings=tied, max_position_embeddings=256)
+    shape = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=tied,
+                 max_position_embeddings=256)
+    if llama:
+        config = LlamaConfig(**shape, attention_bias=False, mlp_bias=False,
+                             rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                               high_freq_factor=4.0, original_max_position_embeddings=32))
+    else:
+        config = Qwen2Config(**shape)
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).float().eval()
+    model = (LlamaForCausalLM if llama else Qwen2ForCausalLM)(config).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
@@ -45,7 +54,7 @@ def check(trainer, device, tied):
     subprocess.run([trainer, "forward", recipe, "--tokens", tokens, "--out", out], check=True)
     ours = np.fromfile(out, dtype=np.float32).reshape(reference.shape)
     error = float(np.linalg.norm(ours - reference) / np.linalg.norm(reference))
-    print(f"tie_word_embeddings={tied}: logits {list(reference.shape)}, norm-wise relative error {error:.3e}, "
+    print(f"{'llama' if llama else 'qwen2'} tie_word_embeddings={tied}: logits {list(reference.shape)}, norm-wise relative error {error:.3e}, "
           f"max |difference| {np.abs(ours - reference).max():.3e} (max |logit| {np.abs(reference).max():.3f})")
     return error
 
@@ -55,7 +64,8 @@ def main():
     parser.add_argument("--trainer", default="build/bin/trainer")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
-    worst = max(check(args.trainer, args.device, tied) for tied in (False, True))
+    worst = max([check(args.trainer, args.device, tied) for tied in (False, True)] +
+                [check(args.trainer, args.device, False, llama=True)])
     # fp32 on both sides; kernels differ (SDPA variants, matmul blocking),
     # which moves logits by ~1e-6 relative: 1e-4 is the issue's bound.
     print(f"{'PASS' if worst <= 1e-4 else 'FAIL'}: worst {worst:.3e}, tolerance 1e-4")

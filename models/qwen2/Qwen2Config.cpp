@@ -30,7 +30,16 @@ constexpr KeySpec kKeys[] = {
     {"initializer_range", ValueType::Float, "0.02", "std of the normal init of matrices", 0, 10},
     {"tie_word_embeddings", ValueType::Bool, "false", "lm_head shares the embedding matrix"},
     {"max_position_embeddings", ValueType::Int, "32768", "longest sequence (recorded in exported config.json)", 1, 1 << 30},
-    {"hf_dir", ValueType::String, "''", "a Hugging Face Qwen2 directory: config.json sets the sizes, safetensors the weights"},
+    {"attention_bias", ValueType::Bool, "true", "q/k/v projections have biases (Qwen2); false: none (Llama)"},
+    {"rope_scaling", ValueType::String, "'none'", "'llama3': Llama 3's frequency-dependent rope scaling",
+     -kNoLimit, kNoLimit, "none|llama3"},
+    {"rope_scaling_factor", ValueType::Float, "8.0", "llama3 scaling: the stretch of the low frequencies", 1, 1e6},
+    {"rope_low_freq_factor", ValueType::Float, "1.0", "llama3 scaling: low_freq_factor", 1e-6, 1e6},
+    {"rope_high_freq_factor", ValueType::Float, "4.0", "llama3 scaling: high_freq_factor", 1e-6, 1e6},
+    {"rope_original_max_position_embeddings", ValueType::Int, "8192",
+     "llama3 scaling: the context length the model was pretrained at", 1, 1 << 30},
+    {"hf_dir", ValueType::String, "''",
+     "a Hugging Face Qwen2 or Llama directory: config.json sets the sizes, safetensors the weights"},
     {"activation_checkpointing", ValueType::String, "'none'",
      "'full' recomputes each block in backward, keeping only its input", -kNoLimit, kNoLimit, "none|full"},
     {"init_from", ValueType::String, "''", "a .safetensors file with weights to start from (Hugging Face names)"},
@@ -58,7 +67,16 @@ Config read_config(const Options& o) {
   Config c{o.integer("vocab_size"), o.integer("hidden_size"), o.integer("intermediate_size"),
            o.integer("num_hidden_layers"), o.integer("num_attention_heads"), o.integer("num_key_value_heads"),
            o.real("rope_theta"), o.real("rms_norm_eps"), o.real("initializer_range"),
-           o.boolean("tie_word_embeddings"), o.integer("max_position_embeddings")};
+           o.boolean("tie_word_embeddings"), o.integer("max_position_embeddings"), o.boolean("attention_bias"),
+           RopeScalingConfig{}};
+  if (o.text("rope_scaling") == "llama3") {
+    c.rope_scaling = RopeScalingConfig{o.real("rope_scaling_factor"), o.real("rope_low_freq_factor"),
+                                       o.real("rope_high_freq_factor"),
+                                       o.integer("rope_original_max_position_embeddings")};
+    if (!(c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor)) {
+      o.fail("rope_high_freq_factor", fmt::format("more than rope_low_freq_factor = {}", c.rope_scaling.low_freq_factor));
+    }
+  }
   if (!o.text("hf_dir").empty()) read_hf_config(o, c);
   if (c.hidden_size % c.num_heads != 0) {
     o.fail("num_attention_heads", fmt::format("a divisor of hidden_size = {}, got {}", c.hidden_size, c.num_heads));
@@ -88,6 +106,24 @@ void read_hf_config(const Options& o, Config& c) {
     throw InputError(fmt::format("{}: malformed JSON: {}", file, error.what()));
   }
   if (!json.is_object()) throw InputError(fmt::format("{}: expected a JSON object", file));
+  // Qwen2 always has q/k/v biases; Llama has them when attention_bias says so.
+  const Json* model_type = json_find(json, "model_type");
+  const std::string type = model_type && model_type->is_string() ? model_type->get<std::string>() : "qwen2";
+  if (type != "qwen2" && type != "llama") {
+    throw InputError(fmt::format("{}: model_type '{}' is not supported (qwen2, llama)", file, type));
+  }
+  bool bias = true;
+  if (type == "llama") {
+    const Json* b = json_find(json, "attention_bias");
+    bias = b && b->is_boolean() && b->get<bool>();
+    if (const Json* mlp = json_find(json, "mlp_bias"); mlp && *mlp == true) {
+      throw InputError(fmt::format("{}: mlp_bias = true is not supported", file));
+    }
+  }
+  if (o.is_set("attention_bias") && bias != c.attention_bias) {
+    o.fail("attention_bias", fmt::format("{} as in {} (or leave the key out)", bias, file));
+  }
+  c.attention_bias = bias;
   auto number = [&](const char* key, auto& field, const char* recipe_key) {
     const Json* v = json_find(json, key);
     using T = std::decay_t<decltype(field)>;
@@ -126,11 +162,30 @@ void read_hf_config(const Options& o, Config& c) {
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     const Json* rope = json_find(json, key);
     if (!rope || rope->is_null()) continue;
-    const Json* type = json_find(*rope, "rope_type");
-    if (!type) type = json_find(*rope, "type");
-    if (type && *type != "default") {
-      throw InputError(fmt::format("{}: {} of type '{}' is not supported; expected 'default'", file, key,
-                                   type->is_string() ? type->get<std::string>() : type->dump()));
+    const Json* rope_type = json_find(*rope, "rope_type");
+    if (!rope_type) rope_type = json_find(*rope, "type");
+    if (rope_type && *rope_type == "llama3") {
+      auto factor = [&](const char* name, double& field) {
+        const Json* v = json_find(*rope, name);
+        if (!v || !v->is_number() || !(v->get<double>() > 0)) {
+          throw InputError(fmt::format("{}: {}.{} must be a positive number", file, key, name));
+        }
+        field = v->get<double>();
+      };
+      RopeScalingConfig r;
+      factor("factor", r.factor);
+      factor("low_freq_factor", r.low_freq_factor);
+      factor("high_freq_factor", r.high_freq_factor);
+      double original = 0;
+      factor("original_max_position_embeddings", original);
+      r.original_max_positions = static_cast<int64_t>(original);
+      if (!(r.high_freq_factor > r.low_freq_factor)) {
+        throw InputError(fmt::format("{}: {}.high_freq_factor must exceed low_freq_factor", file, key));
+      }
+      c.rope_scaling = r;
+    } else if (rope_type && *rope_type != "default") {
+      throw InputError(fmt::format("{}: {} of type '{}' is not supported; expected 'default' or 'llama3'", file, key,
+                                   rope_type->is_string() ? rope_type->get<std::string>() : rope_type->dump()));
     }
     if (const Json* theta = json_find(*rope, "rope_theta"); theta && theta->is_number()) {
       const double value = theta->get<double>();
@@ -139,6 +194,11 @@ void read_hf_config(const Options& o, Config& c) {
       }
       c.rope_theta = value;
     }
+  }
+  if (const Json* head_dim = json_find(json, "head_dim");
+      head_dim && !head_dim->is_null() && !(json_is_int64(*head_dim) && head_dim->get<int64_t>() == c.head_dim())) {
+    throw InputError(fmt::format("{}: head_dim {} other than hidden_size / num_attention_heads = {} is not supported",
+                                 file, head_dim->dump(), c.head_dim()));
   }
   if (const Json* window = json_find(json, "use_sliding_window"); window && *window == true) {
     throw InputError(fmt::format("{}: use_sliding_window = true is not supported", file));

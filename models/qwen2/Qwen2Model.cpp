@@ -1,7 +1,9 @@
 // Model `qwen2`: a decoder-only transformer of the Qwen2/Llama family:
-// RMSNorm, rotary position embeddings, grouped-query attention with q/k/v
-// bias, SwiGLU MLP, optional tied embeddings. Parameter names and
-// arithmetic follow Hugging Face's Qwen2ForCausalLM. Returns the loss sum.
+// RMSNorm, rotary position embeddings (Llama 3's scaling optional),
+// grouped-query attention with q/k/v bias (Qwen2) or without (Llama),
+// SwiGLU MLP, optional tied embeddings. Parameter names and arithmetic
+// follow Hugging Face's Qwen2ForCausalLM and LlamaForCausalLM. Returns the
+// loss sum.
 #include <cmath>
 
 #include <fmt/format.h>
@@ -55,11 +57,11 @@ class Qwen2Model final : public Model {
       const std::string p = fmt::format("model.layers.{}.", i);
       Layer l;
       l.q_weight = weight(p + "self_attn.q_proj.weight", {c.hidden_size, c.hidden_size}, generator);
-      l.q_bias = zeros(p + "self_attn.q_proj.bias", {c.hidden_size});
+      if (c.attention_bias) l.q_bias = zeros(p + "self_attn.q_proj.bias", {c.hidden_size});
       l.k_weight = weight(p + "self_attn.k_proj.weight", {kv, c.hidden_size}, generator);
-      l.k_bias = zeros(p + "self_attn.k_proj.bias", {kv});
+      if (c.attention_bias) l.k_bias = zeros(p + "self_attn.k_proj.bias", {kv});
       l.v_weight = weight(p + "self_attn.v_proj.weight", {kv, c.hidden_size}, generator);
-      l.v_bias = zeros(p + "self_attn.v_proj.bias", {kv});
+      if (c.attention_bias) l.v_bias = zeros(p + "self_attn.v_proj.bias", {kv});
       l.o_weight = weight(p + "self_attn.o_proj.weight", {c.hidden_size, c.hidden_size}, generator);
       l.gate_weight = weight(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, generator);
       l.up_weight = weight(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, generator);
@@ -85,17 +87,24 @@ class Qwen2Model final : public Model {
   std::vector<NamedParameter> parameters() override { return parameters_; }
 
   std::vector<ParameterUnit> units() override {
-    // Parameters were created in forward order: embedding, blocks, head.
-    const size_t per_layer = 12;
+    // By name: the embedding, each block's "model.layers.i." parameters,
+    // and the head (the final norm and lm_head).
     std::vector<ParameterUnit> units;
-    ParameterUnit embedding{"embedding", {0}};
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      ParameterUnit block{fmt::format("layer{}", i), {}};
-      for (size_t k = 0; k < per_layer; ++k) block.parameters.push_back(1 + i * per_layer + k);
-      units.push_back(std::move(block));
-    }
+    ParameterUnit embedding{"embedding", {}};
+    std::vector<ParameterUnit> blocks(layers_.size());
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i].name = fmt::format("layer{}", i);
     std::vector<size_t> head;
-    for (size_t p = 1 + layers_.size() * per_layer; p < parameters_.size(); ++p) head.push_back(p);
+    for (size_t p = 0; p < parameters_.size(); ++p) {
+      const std::string& name = parameters_[p].name;
+      if (name == "model.embed_tokens.weight") {
+        embedding.parameters.push_back(p);
+      } else if (name.rfind("model.layers.", 0) == 0) {
+        blocks.at(std::stoul(name.substr(13))).parameters.push_back(p);
+      } else {
+        head.push_back(p);
+      }
+    }
+    for (ParameterUnit& block : blocks) units.push_back(std::move(block));
     if (config_.tie_word_embeddings) {
       embedding.name = "embedding+head";
       embedding.parameters.insert(embedding.parameters.end(), head.begin(), head.end());
@@ -134,9 +143,9 @@ class Qwen2Model final : public Model {
 
   std::string hf_config() const override {
     const Config& c = config_;
-    const Json config{{"architectures", {"Qwen2ForCausalLM"}},
-                      {"model_type", "qwen2"},
-                      {"hidden_act", "silu"},
+    Json config{{"architectures", {c.is_llama() ? "LlamaForCausalLM" : "Qwen2ForCausalLM"}},
+                {"model_type", c.is_llama() ? "llama" : "qwen2"},
+                {"hidden_act", "silu"},
                       {"vocab_size", c.vocab_size},
                       {"hidden_size", c.hidden_size},
                       {"intermediate_size", c.intermediate_size},
@@ -148,9 +157,22 @@ class Qwen2Model final : public Model {
                       {"initializer_range", c.initializer_range},
                       {"tie_word_embeddings", c.tie_word_embeddings},
                       {"max_position_embeddings", c.max_positions},
-                      {"use_sliding_window", false},
                       {"attention_dropout", 0.0},
                       {"torch_dtype", "float32"}};
+    if (c.is_llama()) {
+      config["attention_bias"] = c.attention_bias;
+      config["mlp_bias"] = false;
+      config["head_dim"] = c.head_dim();
+      if (c.rope_scaling.factor != 1.0) {
+        config["rope_scaling"] = Json{{"rope_type", "llama3"},
+                                      {"factor", c.rope_scaling.factor},
+                                      {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                                      {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                                      {"original_max_position_embeddings", c.rope_scaling.original_max_positions}};
+      }
+    } else {
+      config["use_sliding_window"] = false;
+    }
     return config.dump(2) + "\n";
   }
 
@@ -192,8 +214,9 @@ class Qwen2Model final : public Model {
       return ops::rms_norm(s, w[0], eps);
     };
     const ops::InputFunction swiglu = [](const Tensor& s, const std::vector<Tensor>&) { return ops::swiglu(s); };
-    const Tensor qkv =
-        ops::linear_of(norm, x, {l.input_norm}, {l.q_weight, l.k_weight, l.v_weight}, {l.q_bias, l.k_bias, l.v_bias});
+    const std::vector<Tensor> qkv_biases =
+        c.attention_bias ? std::vector<Tensor>{l.q_bias, l.k_bias, l.v_bias} : std::vector<Tensor>{};
+    const Tensor qkv = ops::linear_of(norm, x, {l.input_norm}, {l.q_weight, l.k_weight, l.v_weight}, qkv_biases);
     const ops::QkvHeads heads = ops::split_qkv_rotary(qkv, c.num_heads, c.num_kv_heads, tables);
     const Tensor attention = compat::causal_attention(heads.q.transpose(1, 2), heads.k.transpose(1, 2),
                                                       heads.v.transpose(1, 2))
@@ -209,7 +232,10 @@ class Qwen2Model final : public Model {
     const auto dtype = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
     if (!tables_.cos.defined() || tables_.cos.size(0) != t || tables_.cos.device() != x.device() ||
         tables_.cos.scalar_type() != dtype) {
-      tables_ = ops::RotaryTables::make(t, config_.head_dim(), config_.rope_theta, dtype, x.device());
+      const qwen2::RopeScalingConfig& r = config_.rope_scaling;
+      tables_ = ops::RotaryTables::make(t, config_.head_dim(), config_.rope_theta, dtype, x.device(),
+                                        ops::RopeScaling{r.factor, r.low_freq_factor, r.high_freq_factor,
+                                                         static_cast<double>(r.original_max_positions)});
     }
     return tables_;
   }

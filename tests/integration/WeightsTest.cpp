@@ -66,6 +66,63 @@ TEST(Weights, ExportLoadsBackAsAHuggingFaceDirectory) {
   EXPECT_NE(read_file(hf + "/a.bin"), read_file(hf + "/c.bin"));  // the trained weights were used
 }
 
+// The Llama variant of the model: no q/k/v biases, untied head, Llama 3's
+// rope scaling (an original context of 16 so that the quick start's 32
+// positions reach all three bands). It exports as LlamaForCausalLM, loads
+// back through model_type "llama" with the same logits, and what it cannot
+// represent is refused by name.
+TEST(Weights, LlamaExportsAndLoadsBackAsLlamaForCausalLM) {
+  const std::string llama = "--set model.attention_bias=false --set model.rope_scaling=llama3"
+                            " --set model.rope_original_max_position_embeddings=16";
+  const std::string trained = run("WeightsLlama", llama);
+  const SafetensorsReader weights(trained + "/model.safetensors");
+  ASSERT_EQ(weights.names().size(), 1 + 2 * 9 + 2u);  // embedding, 2 blocks of 9 (no q/k/v bias), final norm, lm_head
+  for (const std::string& name : weights.names()) EXPECT_EQ(name.find("bias"), std::string::npos) << name;
+  const std::string hf = scratch_dir("WeightsLlamaHf");
+  ASSERT_EQ(trainer("export " + trained + " --to " + hf).exit_code, 0);
+  const std::string config = read_file(hf + "/config.json");
+  for (const char* expected : {"\"model_type\": \"llama\"", "\"LlamaForCausalLM\"", "\"attention_bias\": false",
+                               "\"rope_type\": \"llama3\"", "\"original_max_position_embeddings\": 16",
+                               "\"tie_word_embeddings\": false"}) {
+    EXPECT_NE(config.find(expected), std::string::npos) << expected << "\n" << config;
+  }
+  const std::string tokens = write_file(hf + "/tokens.txt", "1 5 9 13 17 21 25 29\n2 4 6 8 10 12 14 16\n");
+  // Loaded through config.json alone (the recipe says nothing of Llama) and from the file with the recipe's keys.
+  const auto from_hf = trainer("forward " + kQuickstart + " --set model.hf_dir=" + hf + " --tokens " + tokens +
+                               " --out " + hf + "/a.bin");
+  ASSERT_EQ(from_hf.exit_code, 0) << from_hf.output;
+  const auto from_file = trainer("forward " + kQuickstart + " " + llama + " --set model.init_from=" + trained +
+                                 "/model.safetensors --tokens " + tokens + " --out " + hf + "/b.bin");
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.output;
+  EXPECT_EQ(read_file(hf + "/a.bin"), read_file(hf + "/b.bin"));
+  const auto unscaled = trainer("forward " + kQuickstart + " --set model.attention_bias=false --set model.init_from=" +
+                                trained + "/model.safetensors --tokens " + tokens + " --out " + hf + "/c.bin");
+  ASSERT_EQ(unscaled.exit_code, 0) << unscaled.output;
+  EXPECT_NE(read_file(hf + "/a.bin"), read_file(hf + "/c.bin"));  // the scaling is applied
+  // The recipe disagreeing with config.json, and what a Llama config may hold that the model has not.
+  const auto disagree = trainer("forward " + kQuickstart + " --set model.hf_dir=" + hf +
+                                " --set model.attention_bias=true --tokens " + tokens + " --out " + hf + "/d.bin");
+  EXPECT_EQ(disagree.exit_code, 2) << disagree.output;
+  EXPECT_NE(disagree.output.find("attention_bias: expected false as in"), std::string::npos) << disagree.output;
+  const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> refused = {
+      {{"\"model_type\": \"llama\"", "\"model_type\": \"mistral\""}, "model_type 'mistral' is not supported"},
+      {{"\"mlp_bias\": false", "\"mlp_bias\": true"}, "mlp_bias = true is not supported"},
+      {{"\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\""}, "of type 'yarn' is not supported"},
+      {{"\"head_dim\": 16", "\"head_dim\": 32"}, "head_dim 32 other than"},
+  };
+  for (const auto& [edit, message] : refused) {
+    std::string changed = config;
+    ASSERT_NE(changed.find(edit.first), std::string::npos) << edit.first;
+    changed.replace(changed.find(edit.first), edit.first.size(), edit.second);
+    write_file(hf + "/config.json", changed);
+    const auto bad = trainer("forward " + kQuickstart + " --set model.hf_dir=" + hf + " --tokens " + tokens +
+                             " --out " + hf + "/e.bin");
+    EXPECT_EQ(bad.exit_code, 2) << bad.output;
+    EXPECT_NE(bad.output.find(message), std::string::npos) << message << "\n" << bad.output;
+  }
+  write_file(hf + "/config.json", config);
+}
+
 TEST(Weights, LoadsAShardedCheckpointThroughItsIndex) {
   const std::string trained = run("WeightsShardSource", "");
   const std::string hf = scratch_dir("WeightsSharded");

@@ -1,6 +1,8 @@
 // The SDK's fused operations (trainer/ops) on the CPU against independent
 // composite forms in fp64: values and gradients. The CUDA kernels are held
 // to these CPU paths in tests/gpu/OpsGpuTest.cpp.
+#include <cmath>
+
 #include <gtest/gtest.h>
 
 #include <torch/autograd.h>
@@ -200,6 +202,44 @@ TEST(Ops, SplitQkvRotaryMatchesHuggingFacesRotateHalf) {
   EXPECT_LT(relative_error(out.q, hf_rotary(q, 10000.0)), kFp64);
   EXPECT_LT(relative_error(out.k, hf_rotary(k, 10000.0)), kFp64);
   EXPECT_TRUE(torch::equal(out.v, v));
+}
+
+// Llama 3's rope scaling against the rule written out per frequency in
+// fp64 (Meta's reference apply_scaling): wavelengths above old/low stretched
+// by `factor`, below old/high kept, between them interpolated. The tables
+// are computed in fp64 for an fp64 model, so 1e-12.
+TEST(Ops, RotaryTablesWithLlama3ScalingFollowTheRule) {
+  const int64_t seq = 40, dim = 16;
+  const double theta = 10000.0;
+  const ops::RopeScaling scaling{8.0, 1.0, 4.0, 64.0};
+  const ops::RotaryTables tables = ops::RotaryTables::make(seq, dim, theta, torch::kFloat64, torch::kCPU, scaling);
+  const ops::RotaryTables plain = ops::RotaryTables::make(seq, dim, theta, torch::kFloat64, torch::kCPU);
+  int stretched = 0, kept = 0, between = 0;
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    const double freq = 1.0 / std::pow(theta, 2.0 * i / dim);
+    const double wavelen = 2 * M_PI / freq;
+    double scaled = freq;
+    if (wavelen > 64.0 / 1.0) {
+      scaled = freq / 8.0;
+      ++stretched;
+    } else if (wavelen >= 64.0 / 4.0) {
+      const double smooth = (64.0 / wavelen - 1.0) / (4.0 - 1.0);
+      scaled = (1 - smooth) * freq / 8.0 + smooth * freq;
+      ++between;
+    } else {
+      ++kept;
+    }
+    for (const int64_t pos : {int64_t(1), int64_t(7), seq - 1}) {
+      EXPECT_NEAR(tables.cos[pos][i].item<double>(), std::cos(pos * scaled), 1e-12) << "frequency " << i;
+      EXPECT_NEAR(tables.sin[pos][i].item<double>(), std::sin(pos * scaled), 1e-12) << "frequency " << i;
+    }
+  }
+  EXPECT_GT(stretched, 0);  // the three bands are all exercised
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(between, 0);
+  EXPECT_FALSE(torch::equal(tables.cos, plain.cos));
+  const ops::RotaryTables unit = ops::RotaryTables::make(seq, dim, theta, torch::kFloat64, torch::kCPU, ops::RopeScaling{});
+  EXPECT_TRUE(torch::equal(unit.cos, plain.cos));  // factor 1: no scaling
 }
 
 TEST(Ops, SwiGluIsSiluOfGateTimesUp) {

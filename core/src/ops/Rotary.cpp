@@ -2,6 +2,8 @@
 // Rotary.cu, and the composite CPU path (which autograd differentiates).
 #include "trainer/ops/Rotary.h"
 
+#include <cmath>
+
 #include <torch/autograd.h>
 
 #include "Dispatch.h"
@@ -9,12 +11,23 @@
 namespace trainer::ops {
 
 RotaryTables RotaryTables::make(int64_t seq, int64_t head_dim, double theta, torch::Dtype dtype,
-                                torch::Device device) {
+                                torch::Device device, const RopeScaling& scaling) {
   // Hugging Face computes the tables in fp32; an fp64 reference gets fp64.
   const auto type = dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
   const auto options = torch::TensorOptions().dtype(type).device(device);
-  const torch::Tensor inv_freq =
+  torch::Tensor inv_freq =
       1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, options.dtype(torch::kInt64)).to(type) / head_dim);
+  if (scaling.factor != 1.0) {  // Hugging Face's _compute_llama3_parameters, the same operations
+    const double low_wavelen = scaling.original_max_positions / scaling.low_freq_factor;
+    const double high_wavelen = scaling.original_max_positions / scaling.high_freq_factor;
+    const torch::Tensor wavelen = 2 * M_PI / inv_freq;
+    const torch::Tensor stretched = torch::where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq);
+    const torch::Tensor smooth = (scaling.original_max_positions / wavelen - scaling.low_freq_factor) /
+                                 (scaling.high_freq_factor - scaling.low_freq_factor);
+    const torch::Tensor smoothed = (1 - smooth) * stretched / scaling.factor + smooth * stretched;
+    const torch::Tensor medium = wavelen.ge(high_wavelen).logical_and(wavelen.le(low_wavelen));
+    inv_freq = torch::where(medium, smoothed, stretched);
+  }
   const torch::Tensor angles = torch::outer(torch::arange(seq, options), inv_freq);
   return RotaryTables{angles.cos().contiguous(), angles.sin().contiguous()};
 }

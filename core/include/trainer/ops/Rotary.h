@@ -10,9 +10,22 @@ namespace trainer::ops {
 
 /// cos and sin of the rotation angles pos * theta^(-2i/d), [seq, head_dim/2],
 /// in fp32 (fp64 when `dtype` is fp64), as Hugging Face computes them.
+/// Llama 3's frequency-dependent stretch of the rotary frequencies (Hugging
+/// Face's rope_type "llama3"): wavelengths longer than
+/// original_max_positions / low_freq_factor are divided by `factor`, those
+/// shorter than original_max_positions / high_freq_factor are kept, and the
+/// band between is interpolated. factor = 1: no scaling.
+struct RopeScaling {
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_max_positions = 8192;
+};
+
 struct RotaryTables {
   torch::Tensor cos, sin;
-  static RotaryTables make(int64_t seq, int64_t head_dim, double theta, torch::Dtype dtype, torch::Device device);
+  static RotaryTables make(int64_t seq, int64_t head_dim, double theta, torch::Dtype dtype, torch::Device device,
+                           const RopeScaling& scaling = RopeScaling());
 };
 
 struct QkvHeads {
