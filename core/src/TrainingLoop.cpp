@@ -328,7 +328,6 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
       log::warn(fmt::format("step {}: the global batch has no target tokens; update skipped", step + 1));
       record.skipped = true;
     } else {
-      strategy->begin_step(StepPlan{step, shape.grad_accum_steps, target_tokens});
       torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
       for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
         const LossSum out = strategy->forward(*model, micro_batches[m].batch);
@@ -340,11 +339,11 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
         loss_sum += out.loss_sum.detach().to(torch::kFloat64);
         // Contract, point 3: divide by N_t once; nothing else scales.
         strategy->backward(out.loss_sum / static_cast<double>(target_tokens),
-                           MicroStep{m, m == shape.grad_accum_steps - 1});
+                           MicroStep{m, m == shape.grad_accum_steps - 1, shape.grad_accum_steps, target_tokens});
       }
       comm->all_reduce_sum(loss_sum);
       record.loss = loss_sum.item<double>() / static_cast<double>(target_tokens);
-      record.grad_norm = strategy->reduce_gradients();
+      record.grad_norm = strategy->reduce_gradients_and_norm();
       if (!std::isfinite(record.grad_norm) || !std::isfinite(record.loss)) {
         const std::string what = fmt::format("step {}: non-finite loss {} or gradient norm {}", step + 1,
                                              record.loss, record.grad_norm);

@@ -23,19 +23,16 @@ struct StrategyEnv {
   torch::Dtype compute_dtype = torch::kFloat32;
 };
 
-/// Announced before the first micro-step of optimizer step `step`.
-struct StepPlan {
-  int64_t step = 0;           ///< 0-based optimizer step
-  int64_t micro_steps = 1;    ///< micro-steps on this rank in this step
+/// Where a micro-step stands in its optimizer step; the loop knows all of
+/// it before the step's first forward (contract, point 2).
+struct MicroStep {
+  int64_t index = 0;          ///< 0-based within the optimizer step
+  bool is_last = false;       ///< no micro-step follows before reduce_gradients_and_norm
+  int64_t micro_steps = 1;    ///< micro-steps on this rank in this optimizer step
   int64_t target_tokens = 0;  ///< N_t over the whole global batch (all ranks), > 0
 };
 
-struct MicroStep {
-  int64_t index = 0;  ///< 0-based within the optimizer step
-  bool is_last = false;
-};
-
-/// The update the loop decided on after reduce_gradients().
+/// The update the loop decided on after reduce_gradients_and_norm().
 struct UpdateArgs {
   double lr = 0.0;
   double grad_scale = 1.0;  ///< clipping coefficient, 1.0 when not clipping
@@ -67,9 +64,9 @@ struct StateSlice {
   torch::Tensor values, exp_avg, exp_avg_sq;
 };
 
-/// Call order per optimizer step: begin_step, then for each micro-step
-/// forward and backward (the last with is_last), then reduce_gradients, then
-/// exactly one of apply_update or discard_gradients. After either, gradients
+/// Call order per optimizer step: for each micro-step forward and backward
+/// (the last with is_last), then reduce_gradients_and_norm, then exactly one
+/// of apply_update or discard_gradients. After either, gradients
 /// are zero for the next step. Steps whose global batch has no target token
 /// (N_t = 0) are skipped by the loop: the strategy sees none of these calls.
 /// Every method is called on every rank, in the same order, from one thread;
@@ -84,10 +81,6 @@ class Strategy : public Component {
   /// on the model. The model and `comm` outlive the strategy; the strategy
   /// keeps no other reference into the caller's memory.
   virtual void setup(Model& model, Comm& comm, const StrategyEnv& env) = 0;
-  /// Announced before the first micro-step of an optimizer step that will be
-  /// trained: how many micro-steps follow on this rank and N_t. Strategies
-  /// that need neither may ignore it.
-  virtual void begin_step(const StepPlan& plan) = 0;
   /// Runs the model on one micro-batch and returns its loss sum. Strategies
   /// that shard parameters gather them here (or from unit hooks); others just
   /// call model.forward. Must not scale the loss.
@@ -96,13 +89,13 @@ class Strategy : public Component {
   /// it unscaled and adds the gradient into its fp32 accumulation (full or
   /// sharded), never overwriting what earlier micro-steps of the step added.
   /// It may start reductions during the backward; `micro.is_last` says no
-  /// micro-step follows before reduce_gradients.
+  /// micro-step follows before reduce_gradients_and_norm.
   virtual void backward(const torch::Tensor& loss, const MicroStep& micro) = 0;
   /// Collective. Completes every reduction of this step's gradients (after it
   /// returns, gradient_slices() holds the summed gradient) and returns the L2
   /// norm of the whole gradient over all ranks, before clipping, the same
   /// value on every rank. The loop decides clipping and skipping from it.
-  virtual double reduce_gradients() = 0;
+  virtual double reduce_gradients_and_norm() = 0;
   /// One AdamW step with `args` on the state this rank owns, then whatever
   /// makes every rank's parameters current again (e.g. an all-gather), then
   /// zeroes the gradient accumulators. Collective.
@@ -114,7 +107,7 @@ class Strategy : public Component {
   /// (written to memory.json and checked against the ZeRO formulas).
   virtual MemoryReport memory() const = 0;
 
-  /// After reduce_gradients(): the reduced gradient this rank holds (all of
+  /// After reduce_gradients_and_norm(): the reduced gradient this rank holds (all of
   /// it, or its shard), padding excluded. For the conformance kit.
   virtual std::vector<FlatSlice> gradient_slices() const = 0;
   /// The fp32 parameter values this rank updates (all, or its shard).

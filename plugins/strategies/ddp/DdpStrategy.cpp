@@ -55,7 +55,6 @@ class DdpStrategy final : public Strategy {
     build_buckets();
   }
 
-  void begin_step(const StepPlan&) override {}
 
   void backward(const torch::Tensor& loss, const MicroStep& micro) override {
     armed_ = overlap_ && micro.is_last && comm_->world_size() > 1;
@@ -63,7 +62,7 @@ class DdpStrategy final : public Strategy {
     armed_ = false;
   }
 
-  double reduce_gradients() override {
+  double reduce_gradients_and_norm() override {
     torch::NoGradGuard no_grad;
     for (Bucket& bucket : buckets_) {
       if (reduce_bf16_) {

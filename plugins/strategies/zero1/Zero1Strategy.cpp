@@ -47,13 +47,12 @@ class Zero1Strategy final : public Strategy {
     }
   }
 
-  void begin_step(const StepPlan&) override {}
 
   void backward(const torch::Tensor& loss, const MicroStep&) override {
     loss.backward();  // autograd adds into the fp32 buffers, bf16 gradients widened exactly
   }
 
-  double reduce_gradients() override {
+  double reduce_gradients_and_norm() override {
     torch::NoGradGuard no_grad;
     for (ShardedGroup& s : shards_) {
       if (reduce_dtype_ == torch::kFloat32) {

@@ -45,7 +45,6 @@ class Zero2Strategy final : public Strategy {
     }
   }
 
-  void begin_step(const StepPlan&) override {}
 
   void backward(const torch::Tensor& loss, const MicroStep&) override {
     // A full fp32 gradient buffer, and its reduced shard, for this micro-step
@@ -66,7 +65,7 @@ class Zero2Strategy final : public Strategy {
     }
   }
 
-  double reduce_gradients() override {
+  double reduce_gradients_and_norm() override {
     std::vector<torch::Tensor> owned;
     for (const ShardedGroup& s : shards_) owned.push_back(s.accumulated.narrow(0, 0, s.owned.numel));
     return sharded_norm(owned, *comm_);

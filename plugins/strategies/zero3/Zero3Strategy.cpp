@@ -119,7 +119,6 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     if (model_) model_->set_unit_hooks(nullptr);
   }
 
-  void begin_step(const StepPlan&) override {}
 
   LossSum forward(Model& model, const Batch& batch) override {
     for (Unit& unit : units_) unit.entered = false;
@@ -159,7 +158,7 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     return output;
   }
 
-  double reduce_gradients() override {
+  double reduce_gradients_and_norm() override {
     std::vector<torch::Tensor> owned;
     for (const ShardedGroup& s : shards_) owned.push_back(s.accumulated.narrow(0, 0, s.owned.numel));
     return sharded_norm(owned, *comm_);
