@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -94,6 +95,32 @@ WorldInfo world_from_environment() {
   return world;
 }
 
+namespace {
+
+// The launcher's environment with the rendezvous variables of worker `rank` set.
+std::vector<std::string> worker_environment(int rank, int nproc, int port) {
+  const std::vector<std::pair<std::string, std::string>> set = {
+      {kWorkerVariable, "1"},
+      {"RANK", std::to_string(rank)},
+      {"LOCAL_RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(nproc)},
+      {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", std::to_string(port)},
+      {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  std::vector<std::string> environment;
+  for (char** entry = environ; *entry; ++entry) {
+    const std::string text = *entry;
+    const std::string name = text.substr(0, text.find('='));
+    const bool replaced = std::any_of(set.begin(), set.end(), [&](const auto& kv) { return kv.first == name; });
+    if (!replaced) environment.push_back(text);
+  }
+  for (const auto& [name, value] : set) environment.push_back(name + "=" + value);
+  return environment;
+}
+
+}  // namespace
+
 int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
   // The launcher hosts the rendezvous store on a port the kernel picks, so
   // there is no race for a free port; workers connect as clients.
@@ -111,25 +138,27 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
   sigaction(SIGTERM, &action, nullptr);
 
   std::vector<std::string> args(argv, argv + argc);
+  std::vector<char*> child_argv;
+  for (std::string& arg : args) child_argv.push_back(arg.data());
+  child_argv.push_back(nullptr);
   std::vector<pid_t> pids(nproc, -1);
   for (int rank = 0; rank < nproc; ++rank) {
+    // Everything the child needs is built here: the launcher has threads
+    // (the store's), so between fork and exec the child may only make
+    // async-signal-safe calls. A malloc there (setenv, std::to_string)
+    // can find a lock another thread held at the fork and wait forever:
+    // a worker that never starts (seen under ASan).
+    std::vector<std::string> environment = worker_environment(rank, nproc, port);
+    std::vector<char*> envp;
+    for (std::string& entry : environment) envp.push_back(entry.data());
+    envp.push_back(nullptr);
+    const std::string exec_failed = fmt::format("worker {}: exec of /proc/self/exe failed\n", rank);
     const pid_t pid = fork();
     if (pid < 0) throw TrainingError(fmt::format("cannot start worker {}: {}", rank, std::strerror(errno)));
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // a worker never outlives the launcher
-      setenv(kWorkerVariable, "1", 1);
-      setenv("RANK", std::to_string(rank).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
-      std::vector<char*> child_argv;
-      for (std::string& arg : args) child_argv.push_back(arg.data());
-      child_argv.push_back(nullptr);
-      execv("/proc/self/exe", child_argv.data());
-      std::fprintf(stderr, "worker %d: exec failed: %s\n", rank, std::strerror(errno));
+      execve("/proc/self/exe", child_argv.data(), envp.data());
+      [[maybe_unused]] const ssize_t written = write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
       _exit(127);
     }
     pids[rank] = pid;
