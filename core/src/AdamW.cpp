@@ -59,9 +59,8 @@ void update_with_libtorch(torch::Tensor& params, const torch::Tensor& grads, Ada
 
 }  // namespace
 
-void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& state,
-                  const AdamWConfig& config, bool decay, double lr, int64_t step, double grad_scale,
-                  const torch::Tensor& compute) {
+void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& state, const AdamWConfig& config,
+                  bool decay, double lr, int64_t step, double grad_scale, const torch::Tensor& compute) {
   torch::NoGradGuard no_grad;
   const double bias_correction1 = 1.0 - std::pow(config.beta1, static_cast<double>(step));
   const double bias_correction2 = 1.0 - std::pow(config.beta2, static_cast<double>(step));
@@ -94,9 +93,8 @@ double squared_norm(const torch::Tensor& flat) {
   const int64_t whole = all.numel() / kChunk * kChunk;
   torch::Tensor squares = torch::zeros({}, all.options().dtype(torch::kFloat64));
   if (whole > 0) {
-    squares += at::linalg_vector_norm(all.narrow(0, 0, whole).view({-1, kChunk}), 2, {1}).to(torch::kFloat64)
-                   .square()
-                   .sum();
+    squares +=
+        at::linalg_vector_norm(all.narrow(0, 0, whole).view({-1, kChunk}), 2, {1}).to(torch::kFloat64).square().sum();
   }
   if (whole < all.numel()) squares += all.narrow(0, whole, all.numel() - whole).to(torch::kFloat64).square().sum();
   return squares.item<double>();

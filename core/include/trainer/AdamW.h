@@ -39,8 +39,8 @@ AdamWState adamw_init(const torch::Tensor& like);
 /// dtype: in the same pass for fp32 parameters and a bf16 `compute` on CUDA
 /// (the project's kernel; the CPU sequence's arithmetic, element by
 /// element), otherwise as a copy after the update.
-void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& state,
-                  const AdamWConfig& config, bool decay, double lr, int64_t step, double grad_scale = 1.0,
+void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& state, const AdamWConfig& config,
+                  bool decay, double lr, int64_t step, double grad_scale = 1.0,
                   const torch::Tensor& compute = torch::Tensor());
 
 /// Sum of squares of a flat buffer, returned on the host: fp32 sums over

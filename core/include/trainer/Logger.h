@@ -16,39 +16,39 @@ namespace trainer {
 struct RunInfo {
   std::string name;
   int64_t total_steps = 0;
-  int64_t first_step = 0;          ///< 0, or the step a resumed run starts at
-  int64_t global_batch_size = 0;   ///< samples per optimizer step
+  int64_t first_step = 0;         ///< 0, or the step a resumed run starts at
+  int64_t global_batch_size = 0;  ///< samples per optimizer step
   int64_t micro_batch_size = 0;
   int64_t grad_accum_steps = 0;
   int world_size = 1;
   std::string strategy;
-  int64_t parameters = 0;          ///< model parameter count
-  double flops_per_token = 0.0;    ///< training FLOPs per input token the model reports; 0: unknown
-  double peak_flops = 0.0;         ///< FLOP/s per rank that MFU is relative to; 0: unknown
+  int64_t parameters = 0;        ///< model parameter count
+  double flops_per_token = 0.0;  ///< training FLOPs per input token the model reports; 0: unknown
+  double peak_flops = 0.0;       ///< FLOP/s per rank that MFU is relative to; 0: unknown
 };
 
 /// One optimizer step. `loss` is (sum of token losses in the global batch) /
 /// target_tokens, the quantity the gradient is of.
 struct StepRecord {
-  int64_t step = 0;            ///< 1-based optimizer step
+  int64_t step = 0;  ///< 1-based optimizer step
   double loss = 0.0;
-  double grad_norm = 0.0;      ///< before clipping
+  double grad_norm = 0.0;  ///< before clipping
   double lr = 0.0;
-  int64_t target_tokens = 0;   ///< N_t
-  int64_t samples = 0;         ///< global batch size
-  int64_t input_tokens = 0;    ///< non-padding input positions in the global batch
-  double step_seconds = 0.0;   ///< wall time of this step
+  int64_t target_tokens = 0;  ///< N_t
+  int64_t samples = 0;        ///< global batch size
+  int64_t input_tokens = 0;   ///< non-padding input positions in the global batch
+  double step_seconds = 0.0;  ///< wall time of this step
   double elapsed_seconds = 0.0;
-  bool skipped = false;        ///< no update applied (no target tokens, or non-finite gradient)
+  bool skipped = false;            ///< no update applied (no target tokens, or non-finite gradient)
   double tokens_per_second = 0.0;  ///< input_tokens / step_seconds, all ranks together
   /// flops_per_token x tokens_per_second / (peak_flops x world size); NaN when either is unknown.
   double mfu = 0.0;
-  double data_seconds = 0.0;   ///< of step_seconds: sampling and collating batches, copying them to the device
+  double data_seconds = 0.0;  ///< of step_seconds: sampling and collating batches, copying them to the device
   /// CUDA: peaks within this step of the caching allocator's allocated and
   /// reserved bytes on rank 0's device; -1 on the CPU.
   int64_t memory_allocated_bytes = -1;
   int64_t memory_reserved_bytes = -1;
-  int64_t rss_bytes = -1;      ///< CPU: resident set size of rank 0's process after the step; -1 on CUDA
+  int64_t rss_bytes = -1;  ///< CPU: resident set size of rank 0's process after the step; -1 on CUDA
 };
 
 /// One field of a step record as the file loggers write it.

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
-#include <boost/dll/alias.hpp>
 #include <torch/version.h>
+#include <boost/dll/alias.hpp>
 
 #include "trainer/Options.h"
 
@@ -48,9 +48,9 @@ using CreateFn = Component* (*)(const Options& options, const Context& context);
 
 /// Returned by the plugin's entry point; static storage in the plugin.
 struct PluginDescriptor {
-  uint32_t abi_version;       ///< kAbiVersion the plugin was built with; must stay first
+  uint32_t abi_version;  ///< kAbiVersion the plugin was built with; must stay first
   PluginKind kind;
-  const char* name;           ///< unique per kind, as written in recipes
+  const char* name;  ///< unique per kind, as written in recipes
   const char* version;
   const char* description;    ///< one line
   const char* torch_version;  ///< TORCH_VERSION the plugin was built against
