@@ -58,6 +58,10 @@ inline std::string source_path(const std::string& relative) {
   return (std::filesystem::path(TRAINER_SOURCE_DIR) / relative).string();
 }
 
+/// Qwen3's real tokenizer (tokenizer.json, tokenizer_config.json), which
+/// scripts/fetch-tokenizer.sh puts here (scripts/test.sh runs it).
+inline std::string qwen3_tokenizer_dir() { return source_path(".cache/tokenizers/qwen3"); }
+
 inline std::vector<double> column(const std::vector<MetricsRow>& rows, const std::string& key) {
   std::vector<double> values;
   for (const MetricsRow& row : rows) values.push_back(row.at(key));

@@ -374,7 +374,7 @@ TEST(Cli, EveryConfigValidatesAndRuns) {
 // named (file, line) and leaves an existing output as it was, or is counted
 // with --skip-bad-lines; the file trains as a tokens dataset.
 TEST(Cli, TokenizeWritesTheTokensFileAndItsDocumentOffsets) {
-  const std::string tokenizer_dir = source_path(".cache/tokenizers/qwen3");
+  const std::string tokenizer_dir = testing::qwen3_tokenizer_dir();
   ASSERT_TRUE(std::filesystem::exists(tokenizer_dir + "/tokenizer.json")) << "run scripts/fetch-tokenizer.sh";
   const auto tokenizer = Tokenizer::load(tokenizer_dir);
   const std::string dir = scratch_dir("CliTokenize");

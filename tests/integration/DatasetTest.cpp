@@ -45,7 +45,7 @@ TEST(Datasets, JsonlTextInFileOrderCountsCompletionTargets) {
 // no BOS), a "text" line's every token after the first; vocab_size follows
 // the tokenizer, and one below it is refused naming the key.
 TEST(Datasets, JsonlTextThroughAHuggingFaceTokenizer) {
-  const std::string tokenizer_dir = testing::source_path(".cache/tokenizers/qwen3");
+  const std::string tokenizer_dir = testing::qwen3_tokenizer_dir();
   ASSERT_TRUE(std::filesystem::exists(tokenizer_dir + "/tokenizer.json")) << "run scripts/fetch-tokenizer.sh";
   const auto tokenizer = Tokenizer::load(tokenizer_dir);
   const std::string dir = scratch_dir("JsonlTokenizer");
@@ -78,7 +78,7 @@ TEST(Datasets, JsonlTextThroughAHuggingFaceTokenizer) {
 // being told, the model its config.json, and the completion targets are the
 // tokenizer's tokens of the completions plus EOS.
 TEST(Datasets, FineTuneConfigTrainsAHuggingFaceDirectoryOnText) {
-  const std::string tokenizer_dir = testing::source_path(".cache/tokenizers/qwen3");
+  const std::string tokenizer_dir = testing::qwen3_tokenizer_dir();
   ASSERT_TRUE(std::filesystem::exists(tokenizer_dir + "/tokenizer.json")) << "run scripts/fetch-tokenizer.sh";
   const auto tokenizer = Tokenizer::load(tokenizer_dir);
   const std::string dir = scratch_dir("FineTuneHfText");

@@ -20,7 +20,7 @@ using testing::scratch_dir;
 using testing::source_path;
 using testing::write_file;
 
-const std::string kQwen3 = source_path(".cache/tokenizers/qwen3");
+const std::string kQwen3 = testing::qwen3_tokenizer_dir();
 
 std::string from_hex(const std::string& hex) {
   std::string bytes;
