@@ -5,7 +5,7 @@
 # fails the script and leaves the input in build-fuzz/crash-<target>-*.
 # Found inputs worth keeping go into the seed corpus as regression cases.
 #   scripts/fuzz.sh [target...]     (targets: safetensors metrics manifest recipe jsonl-record hf-config
-#                                     tokenizer)
+#                                     tokenizer toml)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -22,23 +22,23 @@ flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
        -Icore/include -Icore/src)
 declare -A sources=([safetensors]="core/src/SafetensorsHeader.cpp" [metrics]="core/src/Metrics.cpp"
                     [manifest]="core/src/Manifest.cpp"
-                    [recipe]="core/src/Recipe.cpp core/src/CoreSections.cpp core/src/Options.cpp core/src/PluginRegistry.cpp"
+                    [recipe]="core/src/Recipe.cpp core/src/TomlText.cpp core/src/CoreSections.cpp core/src/Options.cpp core/src/PluginRegistry.cpp"
                     [jsonl-record]="datasets/jsonl/JsonlRecord.cpp core/src/text/Tokenizer.cpp"
                     [hf-config]="models/qwen2/Qwen2Config.cpp core/src/Options.cpp"
-                    [tokenizer]="core/src/text/Tokenizer.cpp")
+                    [tokenizer]="core/src/text/Tokenizer.cpp" [toml]="core/src/TomlText.cpp")
 declare -A names=([safetensors]=Safetensors [metrics]=Metrics [manifest]=Manifest [recipe]=Recipe
-                  [jsonl-record]=JsonlRecord [hf-config]=HfConfig [tokenizer]=Tokenizer)
+                  [jsonl-record]=JsonlRecord [hf-config]=HfConfig [tokenizer]=Tokenizer [toml]=Toml)
 # The recipe target checks plugin names and keys against the build's plugins
 # (scripts/build.sh first); TOML++'s internal assertions stay no-ops, as in
 # the release build (with them on it aborts on input it then rejects cleanly).
 torch_headers="-DBOOST_DLL_USE_STD_FS -I/usr/include/torch/csrc/api/include"  # Plugin.h's torch/version.h
 declare -A extra=([recipe]="$torch_headers -DTOML_ASSERT(expr)=static_assert(true) -ldl"
                   [jsonl-record]="$torch_headers -Idatasets/jsonl" [hf-config]="$torch_headers -Imodels/qwen2"
-                  [tokenizer]="-DTRAINER_HAS_TOKENIZER -lpcre2-8 -lutf8proc")
+                  [tokenizer]="-DTRAINER_HAS_TOKENIZER -lpcre2-8 -lutf8proc" [toml]="-DTOML_ASSERT(expr)=static_assert(true)")
 scripts/fetch-tokenizer.sh
 export FUZZ_PLUGIN_DIR="$root/build/lib/trainer/plugins"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors metrics manifest recipe jsonl-record hf-config tokenizer)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors metrics manifest recipe jsonl-record hf-config tokenizer toml)
 status=0
 for t in "${targets[@]}"; do
   # shellcheck disable=SC2086

@@ -4,15 +4,16 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <toml++/toml.h>
 
 #include "Files.h"
 #include "Metrics.h"
+#include "TomlText.h"
 #include "trainer/Errors.h"
 #include "trainer/JsonSupport.h"
 
@@ -87,10 +88,15 @@ std::vector<KeyDifference> recipe_differences(const std::vector<std::string>& di
       notes.push_back(fmt::format("{}: no recipe.toml; its keys are not compared", dir));
     } else {
       try {
-        flatten(toml::parse_file(file), "", keys);
+        std::ifstream in(file, std::ios::binary);
+        std::stringstream text;
+        text << in.rdbuf();
+        flatten(parse_toml(text.str(), file), "", keys);
       } catch (const toml::parse_error& error) {
         notes.push_back(fmt::format("{}: not a readable recipe ({}); its keys are not compared", file,
                                     error.description()));
+      } catch (const InputError& error) {
+        notes.push_back(fmt::format("{}; its keys are not compared", error.what()));
       }
     }
     recipes.push_back(std::move(keys));

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <toml++/toml.h>
 
+#include "TomlText.h"
 #include "trainer/Errors.h"
 
 namespace trainer {
@@ -134,68 +135,7 @@ Value convert(const KeySpec& spec, const toml::node& node, const std::string& wh
   throw fail();
 }
 
-// TOML allows non-ASCII characters only inside strings and comments. TOML++
-// 3.3 (Debian's) classifies one outside them with generated tables that
-// reach __builtin_unreachable for most of U+00A1..U+FEFE (found by the
-// recipe fuzz target): undefined behaviour on input that is invalid TOML
-// anyway. So such text is refused here, before TOML++ sees it, naming the
-// place. A UTF-8 byte-order mark at the very start is allowed.
-// The line and column of the first non-ASCII byte outside strings and
-// comments, or line 0 when there is none.
-std::pair<int64_t, int64_t> bare_non_ascii(std::string_view text) {
-  enum class State { Plain, Comment, Basic, Literal, MultiBasic, MultiLiteral } state = State::Plain;
-  int64_t line = 1, column = 0;
-  const size_t start = text.substr(0, 3) == "\xEF\xBB\xBF" ? 3 : 0;
-  for (size_t i = start; i < text.size(); ++i) {
-    const char c = text[i];
-    ++column;
-    if (c == '\n') {
-      ++line;
-      column = 0;
-      if (state == State::Comment || state == State::Basic || state == State::Literal) state = State::Plain;
-      continue;
-    }
-    switch (state) {
-      case State::Plain:
-        if (static_cast<unsigned char>(c) >= 0x80) return {line, column};
-        if (c == '#') state = State::Comment;
-        else if (text.substr(i, 3) == "\"\"\"") state = State::MultiBasic, i += 2, column += 2;
-        else if (text.substr(i, 3) == "'''") state = State::MultiLiteral, i += 2, column += 2;
-        else if (c == '"') state = State::Basic;
-        else if (c == '\'') state = State::Literal;
-        break;
-      case State::Comment: break;
-      case State::Basic:
-      case State::MultiBasic:
-        if (c == '\\') {
-          ++i, ++column;  // the escaped character
-          if (i < text.size() && text[i] == '\n') ++line, column = 0;
-        } else if (state == State::Basic && c == '"') {
-          state = State::Plain;
-        } else if (state == State::MultiBasic && text.substr(i, 3) == "\"\"\"") {
-          state = State::Plain, i += 2, column += 2;
-        }
-        break;
-      case State::Literal:
-        if (c == '\'') state = State::Plain;
-        break;
-      case State::MultiLiteral:
-        if (text.substr(i, 3) == "'''") state = State::Plain, i += 2, column += 2;
-        break;
-    }
-  }
-  return {0, 0};
-}
-
-void refuse_bare_non_ascii(std::string_view text, const std::string& where) {
-  if (const auto [line, column] = bare_non_ascii(text); line > 0) {
-    throw InputError(fmt::format("{}:{}:{}: a non-ASCII character outside a string or comment (TOML allows them "
-                                 "only there)",
-                                 where, line, column));
-  }
-}
-
-toml::table parse_literal(const std::string& literal) { return toml::parse("v = " + literal); }
+toml::table parse_literal(const std::string& literal) { return parse_toml("v = " + literal, "--set"); }
 
 // Validates one table against its declared keys. `path` is "training" or
 // "logger.1"; `skip_name` leaves the plugin-choosing key alone.
@@ -245,14 +185,13 @@ void apply_override(toml::table& root, const std::string& argument, Origins& ori
   }
   const std::string raw = argument.substr(equals + 1);
   toml::table parsed;
-  // Non-ASCII outside quotes is never a TOML literal (and is kept from TOML++, above).
-  bool literal = bare_non_ascii(raw).first == 0;
-  if (literal) {
-    try {
-      parsed = parse_literal(raw);
-    } catch (const toml::parse_error&) {
-      literal = false;
-    }
+  bool literal = true;
+  try {
+    parsed = parse_literal(raw);
+  } catch (const toml::parse_error&) {
+    literal = false;
+  } catch (const InputError&) {  // non-ASCII outside quotes: never a TOML literal
+    literal = false;
   }
   if (!literal) parsed.insert("v", raw);  // a bare string, e.g. --set model.name=qwen2
   toml::table* target = nullptr;
@@ -327,8 +266,7 @@ toml::table component_table(const ComponentChoice& choice) {
 }  // namespace
 
 Options plugin_options(const LoadedPlugin& plugin, const std::string& table_text) {
-  refuse_bare_non_ascii(table_text, plugin.file);
-  const toml::table table = toml::parse(table_text);
+  const toml::table table = parse_toml(table_text, plugin.file);
   const PluginDescriptor& d = *plugin.descriptor;
   return validate(table, d.name, d.name, d.keys, d.num_keys, Origins(plugin.file), false);
 }
@@ -383,9 +321,8 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
   content << in.rdbuf();
   if (!in) throw InputError(fmt::format("{}: cannot read recipe", file));
   const std::string text = content.str();
-  refuse_bare_non_ascii(text, file);
   try {
-    root = toml::parse(text, file);
+    root = parse_toml(text, file);
   } catch (const toml::parse_error& error) {
     const auto& begin = error.source().begin;
     if (begin.line == 0) throw InputError(fmt::format("{}: cannot read recipe: {}", file, error.description()));
