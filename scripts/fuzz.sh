@@ -4,6 +4,9 @@
 # corpus in tests/fuzz/corpus/<target>; any crash, leak, hang or UB report
 # fails the script and leaves the input in build-fuzz/crash-<target>-*.
 # Found inputs worth keeping go into the seed corpus as regression cases.
+# The mutations follow FUZZ_SEED (default 1), so a run repeats the inputs of
+# an earlier one as far as it gets (CI is a regression gate that way);
+# FUZZ_SEED=0 takes a fresh random seed each run, for exploring.
 #   scripts/fuzz.sh [target...]     (targets: safetensors metrics manifest recipe jsonl-record hf-config
 #                                     tokenizer toml)
 set -euo pipefail
@@ -44,7 +47,7 @@ for t in "${targets[@]}"; do
   # shellcheck disable=SC2086
   clang++ "${flags[@]}" "tests/fuzz/Fuzz${names[$t]}.cpp" ${sources[$t]} ${extra[$t]:-} -o "$out/fuzz-$t"
   rm -rf "$out/corpus-$t" && mkdir -p "$out/corpus-$t"
-  if "$out/fuzz-$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+  if "$out/fuzz-$t" -seed="${FUZZ_SEED:-1}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
        -artifact_prefix="$out/crash-$t-" "$out/corpus-$t" "tests/fuzz/corpus/$t" >"$out/fuzz-$t.log" 2>&1; then
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$out/fuzz-$t.log" | grep -o '[0-9]*$')
     echo "fuzz $t: ${runs:-?} executions in ${seconds}s, no crash"
