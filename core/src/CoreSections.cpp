@@ -51,7 +51,8 @@ constexpr KeySpec kScheduleKeys[] = {
     {"min_lr", VT::Float, "0.0", "learning rate at the last step (linear, cosine)", 0, kInf},
 };
 constexpr KeySpec kDistributedKeys[] = {
-    {"backend", VT::String, "'gloo'", "communication plugin when world size > 1", -kInf, kInf, "gloo|nccl"},
+    {"backend", VT::String, "'gloo'",
+     "communication plugin (a comm plugin's name or .so file) when world size > 1: gloo (CPU), nccl (CUDA), or another"},
     {"nproc", VT::Int, "1", "local worker processes `trainer run` starts (ignored under an external launcher)", 1, 4096},
     {"timeout_s", VT::Float, "300", "a collective or peer silent this long ends the job", 1, kInf},
 };

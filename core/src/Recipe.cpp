@@ -353,6 +353,11 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
   recipe.model = choose(table_or_empty(root, "model", origins), "model", PluginKind::Model, nullptr, registry, origins);
   recipe.dataset = choose(table_or_empty(root, "dataset", origins), "dataset", PluginKind::Dataset, nullptr, registry, origins);
   recipe.strategy = choose(table_or_empty(root, "strategy", origins), "strategy", PluginKind::Strategy, "ddp", registry, origins);
+  try {  // any comm plugin, found as the others are; it takes no keys
+    (void)registry.find(PluginKind::Comm, recipe.distributed.text("backend"));
+  } catch (const InputError& error) {
+    recipe.distributed.fail("backend", fmt::format("a comm plugin: {}", error.what()));
+  }
   default_tokenizer_from_model(recipe);
 
   toml::array loggers;

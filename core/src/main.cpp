@@ -10,6 +10,7 @@
 #include "Compare.h"
 #include "Conformance.h"
 #include "Launcher.h"
+#include "NewPlugin.h"
 #include "PluginRegistry.h"
 #include "Recipe.h"
 #include "Tokenize.h"
@@ -162,6 +163,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   tokenize_cmd->add_flag("--skip-bad-lines", tokenize.skip_bad_lines, "count and skip malformed lines");
 
+  std::string new_kind, new_name, new_dir;
+  CLI::App* new_plugin_cmd = app.add_subcommand(
+      "new-plugin", "write a buildable out-of-tree plugin project (CMake, the SDK, a test) to start from");
+  new_plugin_cmd->add_option("kind", new_kind, "strategy, model, dataset, logger or comm")->required();
+  new_plugin_cmd->add_option("name", new_name, "the plugin's name, as recipes will write it")->required();
+  new_plugin_cmd->add_option("dir", new_dir, "the project's directory (must not exist, or be empty)")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -173,6 +181,10 @@ int main(int argc, char** argv) {
   try {
     if (compare->parsed()) return compare_runs(compare_dirs, compare_rtol, compare_quiet, compare_html);
     if (tokenize_cmd->parsed()) return tokenize_corpus(tokenize);
+    if (new_plugin_cmd->parsed()) {
+      new_plugin(new_kind, new_name, new_dir);
+      return 0;
+    }
     if (export_cmd->parsed()) {
       export_run(export_from, export_to);
       return 0;

@@ -131,6 +131,15 @@ TEST_F(RecipeTest, UnknownPluginListsTheAvailableOnes) {
   EXPECT_NE(message.find("recipe.toml:7:8"), std::string::npos) << message;
 }
 
+// distributed.backend takes any comm plugin (a third party's too), checked
+// when the recipe loads rather than when the workers connect.
+TEST_F(RecipeTest, BackendIsAnyCommPlugin) {
+  const std::string message = error_of(std::string(kMinimal) + "[distributed]\nbackend = \"mpi\"\n");
+  EXPECT_NE(message.find("recipe.toml:7:11: [distributed] backend"), std::string::npos) << message;
+  EXPECT_NE(message.find("unknown comm plugin 'mpi'; available: gloo"), std::string::npos) << message;
+  EXPECT_EQ(load(kMinimal, {"distributed.backend=gloo"}).distributed.text("backend"), "gloo");
+}
+
 TEST_F(RecipeTest, MissingModelIsNamed) {
   const std::string message = error_of("[dataset]\nname = \"synthetic\"\n");
   EXPECT_NE(message.find("[model] missing required key 'name'"), std::string::npos) << message;

@@ -1,0 +1,16 @@
+// `trainer new-plugin KIND NAME DIR`: a buildable out-of-tree plugin project
+// from the templates in core/templates (embedded in the binary at build time).
+#pragma once
+
+#include <string>
+
+namespace trainer {
+
+/// Writes DIR: CMakeLists.txt (find_package(trainer)), README.md,
+/// src/<Class>.cpp (the descriptor, its keys, a working plugin of `kind`) and
+/// tests/ (a GoogleTest that runs the installed trainer with it). DIR must
+/// not exist or be empty; it appears whole or not at all. InputError for an
+/// unknown kind, a name recipes cannot use, or a DIR in the way.
+void new_plugin(const std::string& kind, const std::string& name, const std::string& dir);
+
+}  // namespace trainer
