@@ -4,13 +4,7 @@
 set(prefix "${BUILD}/test-tmp/sdk/prefix")
 set(example "${BUILD}/test-tmp/sdk/example")
 file(REMOVE_RECURSE "${BUILD}/test-tmp/sdk")
-function(step)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT code EQUAL 0)
-    message(FATAL_ERROR "failed (${code}): ${ARGN}\n${out}\n${err}")
-  endif()
-  set(output "${out}${err}" PARENT_SCOPE)
-endfunction()
+include("${CMAKE_CURRENT_LIST_DIR}/Step.cmake")
 step(${CMAKE_COMMAND} --install "${BUILD}" --prefix "${prefix}")
 # Called directly: forwarding through step() would split the path list.
 execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE}/tests/sdk/example" -B "${example}"
