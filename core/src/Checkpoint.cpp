@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -37,7 +38,104 @@ Chunk canonical(int64_t n, int rank, int world) {
   return Chunk{std::min(n, rank * c), std::min(n, (rank + 1) * c)};
 }
 
+// Elements of each flat group (decay, then no decay; empty ones left out),
+// as flatten_parameters lays them out.
+std::vector<int64_t> group_sizes(Model& model) {
+  int64_t numel[2] = {0, 0};
+  for (const NamedParameter& p : model.parameters()) numel[p.decay ? 0 : 1] += p.tensor.numel();
+  std::vector<int64_t> sizes;
+  for (const int64_t n : numel) {
+    if (n > 0) sizes.push_back(n);
+  }
+  return sizes;
+}
+
+// How many elements of `chunk` of group `group` the pieces [offset, offset +
+// length) cover, or -1 when a piece lies outside the group or is not 1-D.
+int64_t covered(const std::vector<std::tuple<size_t, int64_t, const torch::Tensor*>>& pieces, size_t group,
+                int64_t group_numel, Chunk chunk) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const auto& [g, offset, tensor] : pieces) {
+    if (g != group) continue;
+    if (tensor->dim() != 1 || offset < 0 || offset + tensor->numel() > group_numel) return -1;
+    const int64_t begin = std::max(chunk.begin, offset), end = std::min(chunk.end, offset + tensor->numel());
+    if (end > begin) ranges.emplace_back(begin, end);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  int64_t total = 0, reached = chunk.begin;
+  for (const auto& [begin, end] : ranges) {  // overlapping (replicated) pieces count once
+    total += std::max<int64_t>(0, end - std::max(begin, reached));
+    reached = std::max(reached, end);
+  }
+  return total;
+}
+
 }  // namespace
+
+void check_state_coverage(Strategy& strategy, Model& model, Comm& comm, torch::Device device,
+                          const std::string& strategy_name) {
+  const int rank = comm.rank(), world = comm.world_size();
+  const std::vector<int64_t> sizes = group_sizes(model);
+  const std::vector<StateSlice> states = strategy.state_slices();
+  const std::vector<FlatSlice> parameters = strategy.parameter_slices();
+  std::vector<std::tuple<size_t, int64_t, const torch::Tensor*>> state_pieces, parameter_pieces;
+  bool lengths_agree = true;
+  for (const StateSlice& s : states) {
+    state_pieces.emplace_back(s.group, s.offset, &s.values);
+    lengths_agree = lengths_agree && s.exp_avg.numel() == s.values.numel() && s.exp_avg_sq.numel() == s.values.numel();
+  }
+  for (const FlatSlice& s : parameters) parameter_pieces.emplace_back(s.group, s.offset, &s.values);
+  // Per group: [state elements missing, parameter elements missing], -1 for
+  // a piece out of bounds; then one flag for unequal state lengths.
+  std::vector<int64_t> local;
+  bool unknown_group = false;
+  for (const StateSlice& s : states) unknown_group = unknown_group || s.group >= sizes.size();
+  for (const FlatSlice& s : parameters) unknown_group = unknown_group || s.group >= sizes.size();
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    const Chunk mine = canonical(sizes[g], rank, world);
+    const int64_t want = mine.end - mine.begin;
+    for (const auto* pieces : {&state_pieces, &parameter_pieces}) {
+      const int64_t have = covered(*pieces, g, sizes[g], mine);
+      local.push_back(have < 0 ? -1 : want - have);
+    }
+  }
+  local.push_back(lengths_agree && !unknown_group ? 0 : 1);
+  const int64_t width = static_cast<int64_t>(local.size());
+  torch::Tensor mine = torch::tensor(local, torch::kInt64).to(device);
+  torch::Tensor all = torch::zeros({width * world}, mine.options());
+  if (world > 1) {
+    comm.all_gather(mine, all);
+  } else {
+    all.copy_(mine);
+  }
+  all = all.cpu();
+  for (int r = 0; r < world; ++r) {
+    const auto at = [&](int64_t k) { return all[r * width + k].item<int64_t>(); };
+    if (at(width - 1) != 0) {
+      throw InputError(fmt::format("strategy '{}': rank {}'s state slices name a group beyond the model's {} or "
+                                   "have values and moments of unequal lengths (trainer/Strategy.h, state_slices)",
+                                   strategy_name, r, sizes.size()));
+    }
+    for (size_t g = 0; g < sizes.size(); ++g) {
+      for (int k = 0; k < 2; ++k) {
+        const int64_t missing = at(static_cast<int64_t>(2 * g) + k);
+        if (missing == 0) continue;
+        const Chunk chunk = canonical(sizes[g], r, world);
+        const char* what = k == 0 ? "state_slices" : "parameter_slices";
+        if (missing < 0) {
+          throw InputError(fmt::format("strategy '{}': rank {}'s {} hold a piece of group {} outside its {} "
+                                       "elements, or not 1-D",
+                                       strategy_name, r, what, g, sizes[g]));
+        }
+        throw InputError(fmt::format("strategy '{}': rank {}'s {} leave {} of the elements [{}, {}) of group {} "
+                                     "uncovered; rank r must hold chunk r of ceil(n / world size) elements of "
+                                     "every group (trainer/Strategy.h), which checkpoints and the final weights "
+                                     "are assembled from",
+                                     strategy_name, r, what, missing, chunk.begin, chunk.end, g));
+      }
+    }
+  }
+}
 
 Checkpointer::Checkpointer(std::string root, int64_t keep, std::string fingerprint, std::string strategy_name)
     : root_(std::move(root)), keep_(keep), fingerprint_(std::move(fingerprint)), strategy_name_(std::move(strategy_name)) {}
@@ -54,14 +152,7 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
 
   // This rank's canonical chunks, filled from the state it holds.
   const std::vector<StateSlice> slices = strategy.state_slices();
-  std::vector<int64_t> group_numel;
-  {
-    int64_t numel[2] = {0, 0};
-    for (const NamedParameter& p : model.parameters()) numel[p.decay ? 0 : 1] += p.tensor.numel();
-    for (int64_t n : numel) {
-      if (n > 0) group_numel.push_back(n);
-    }
-  }
+  const std::vector<int64_t> group_numel = group_sizes(model);  // covered: check_state_coverage at setup
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   torch::NoGradGuard no_grad;
   for (size_t g = 0; g < group_numel.size(); ++g) {

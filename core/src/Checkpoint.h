@@ -51,6 +51,17 @@ class Checkpointer {
   std::string strategy_name_;
 };
 
+/// Collective; right after Strategy::setup (`device`: where the comm
+/// moves tensors). Checkpoints and the final
+/// weights are assembled by the canonical rule: rank r contributes chunk r
+/// (ceil(n / world) elements) of every flat group, so its state_slices() and
+/// parameter_slices() must cover that chunk, within the group's bounds.
+/// Throws InputError on every rank, naming the strategy, the rank and the
+/// group, when any rank's do not (a strategy bug that would otherwise show
+/// up hours later as a failed checkpoint, or as zeros in exported weights).
+void check_state_coverage(Strategy& strategy, Model& model, Comm& comm, torch::Device device,
+                          const std::string& strategy_name);
+
 /// Consolidates a verified checkpoint's fp32 weights into `to`
 /// (model.safetensors, Hugging Face names, plus config.json), whatever world
 /// size wrote it.

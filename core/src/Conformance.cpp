@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "Checkpoint.h"
 #include "Files.h"
 #include "Metrics.h"
 #include "Recipe.h"
@@ -266,6 +267,8 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
     std::unique_ptr<Model> model = make_model(registry);
     std::unique_ptr<Strategy> strategy = fresh_strategy();
     strategy->setup(*model, *comm, StrategyEnv{device, adamw});
+    // What checkpoints and the final weights need of the slices' layout.
+    check_state_coverage(*strategy, *model, *comm, device, plugin.descriptor->name);
     const double norm = strategy_step(*strategy, *model, first, split, world.rank, device);
     // fp32 gradients of sums of ~100 token losses: relative rounding ~1e-7,
     // amplified at most tenfold by the network's depth; 1e-5 leaves margin

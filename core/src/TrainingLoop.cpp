@@ -220,6 +220,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
 
   const torch::Dtype compute_dtype = recipe.training.text("precision") == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   strategy->setup(*model, *comm, StrategyEnv{device, adamw_of(recipe), compute_dtype});
+  check_state_coverage(*strategy, *model, *comm, device, recipe.strategy.plugin->descriptor->name);
 
   const MemoryReport memory = strategy->memory();
   log::info(fmt::format("rank {} holds {} parameter, {} gradient and {} optimizer-state bytes", world.rank,

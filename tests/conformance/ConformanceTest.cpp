@@ -12,6 +12,7 @@ namespace {
 
 using testing::scratch_dir;
 using testing::trainer;
+using testing::write_file;
 
 struct Case {
   std::string strategy;
@@ -96,6 +97,30 @@ TEST(ConformanceNegativeControl, BrokenAccumulatorsFail) {
   const MetricsRow row = read_metrics(dir + "/report.jsonl").at(0);
   EXPECT_LE(row.at("grad_error"), 1e-5);
   EXPECT_GT(row.at("bf16_error"), 100 * row.at("bf16_bound"));
+}
+
+// Slices that break the rule checkpoints and the final weights are built by
+// (rank r holds chunk r) fail the kit at world size > 1 with the rule named,
+// and a run stops at setup instead of at its first checkpoint.
+TEST(ConformanceNegativeControl, SlicesThatMissTheirChunkFail) {
+  const std::string plugin = std::string(TRAINER_FIXTURE_DIR) + "/strategies/trainer-strategy-wrong-chunk.so";
+  EXPECT_EQ(trainer("check-plugin " + plugin + " --split 8,1,1").exit_code, 0) << "one rank holds every chunk";
+  auto result = trainer("check-plugin " + plugin + " --split 4,1,2 --timeout 60");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("strategy 'wrong-chunk': rank 1's state_slices leave"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("rank r must hold chunk r"), std::string::npos) << result.output;
+  const std::string dir = scratch_dir("ConformanceWrongChunkRun");
+  const std::string recipe = write_file(dir + "/recipe.toml", "[run]\noutput_dir = '" + dir + "/run'\n"
+                                        "[model]\nname = 'qwen2'\n[dataset]\nname = 'synthetic'\n"
+                                        "[training]\nsteps = 2\nmicro_batch_size = 2\n[strategy]\nname = '" +
+                                        plugin + "'\n[distributed]\nnproc = 2\n");
+  result = trainer("run " + recipe);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("rank 1's state_slices leave"), std::string::npos) << result.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/run/metrics.jsonl") &&
+               std::filesystem::file_size(dir + "/run/metrics.jsonl") > 0)
+      << "no step ran";
 }
 
 // A strategy found only through --plugin-dir, as a third party's is: its

@@ -117,6 +117,8 @@ class Strategy : public Component {
   /// chunk r of ceil(n / world) elements of every group, so the slices of
   /// rank r must cover that chunk (every strategy that shards contiguously
   /// by rank does), and together over all ranks they cover every element.
+  /// The core checks this (and parameter_slices) right after setup and
+  /// stops the run, naming the rank and group, where it does not hold.
   virtual std::vector<StateSlice> state_slices() = 0;
   /// Called on every rank after the caller wrote into state_slices(): the
   /// strategy refreshes what derives from them (full parameters, bf16 copies).
