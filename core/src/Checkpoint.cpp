@@ -292,22 +292,30 @@ std::string Checkpointer::resolve(const std::string& resume) const {
   return "";
 }
 
+std::vector<torch::Tensor> checkpoint_state(const std::string& dir, const char* name) {
+  const Json manifest = trainer::manifest::read(dir);
+  const fs::path file = fs::path(dir) / "manifest.json";
+  const int world_size = static_cast<int>(member(manifest, "world_size", file).get<int64_t>());
+  const size_t groups = member(manifest, "group_numel", file).size();
+  std::vector<torch::Tensor> out;
+  for (size_t g = 0; g < groups; ++g) {
+    std::vector<torch::Tensor> chunks;
+    for (int r = 0; r < world_size; ++r) {
+      const SafetensorsReader reader((fs::path(dir) / fmt::format("rank-{:05d}.safetensors", r)).string());
+      chunks.push_back(reader.read(fmt::format("group{}.{}", g, name)));
+    }
+    out.push_back(torch::cat(chunks));
+  }
+  return out;
+}
+
 void export_checkpoint(const std::string& dir, const std::string& to) {
   Checkpointer::verify(dir);
   const Json manifest = trainer::manifest::read(dir);
   const fs::path file = fs::path(dir) / "manifest.json";
-  const int world = static_cast<int>(member(manifest, "world_size", file).get<int64_t>());
   std::vector<int64_t> group_numel;
   for (const Json& n : member(manifest, "group_numel", file)) group_numel.push_back(n.get<int64_t>());
-  std::vector<torch::Tensor> groups;
-  for (size_t g = 0; g < group_numel.size(); ++g) {
-    std::vector<torch::Tensor> chunks;
-    for (int r = 0; r < world; ++r) {
-      const SafetensorsReader reader((fs::path(dir) / fmt::format("rank-{:05d}.safetensors", r)).string());
-      chunks.push_back(reader.read(fmt::format("group{}.values", g)));
-    }
-    groups.push_back(torch::cat(chunks));
-  }
+  const std::vector<torch::Tensor> groups = checkpoint_state(dir, "values");
   // Parameters sit in their group (decay first) in model order.
   std::vector<std::pair<std::string, torch::Tensor>> named;
   int64_t offset[2] = {0, 0};

@@ -62,6 +62,10 @@ class Checkpointer {
 void check_state_coverage(Strategy& strategy, Model& model, Comm& comm, torch::Device device,
                           const std::string& strategy_name);
 
+/// The whole flat groups of `name` ("values", "exp_avg", "exp_avg_sq") of a
+/// checkpoint, joined from its shards (whatever world size wrote it).
+std::vector<torch::Tensor> checkpoint_state(const std::string& dir, const char* name);
+
 /// Consolidates a verified checkpoint's fp32 weights into `to`
 /// (model.safetensors, Hugging Face names, plus config.json), whatever world
 /// size wrote it.

@@ -19,6 +19,7 @@
 #include "Files.h"
 #include "Metrics.h"
 #include "Recipe.h"
+#include "RunOutputs.h"
 #include "Rendezvous.h"
 #include "Sampler.h"
 #include "trainer/FlatParameters.h"
@@ -160,6 +161,29 @@ std::vector<FlatSlice> minus(const std::vector<FlatSlice>& a, const std::vector<
   return out;
 }
 
+// The strategy's state and parameter slices equal, bit for bit, the same
+// ranges of the checkpoint in `dir`.
+bool holds_checkpoint(Strategy& strategy, const std::string& dir) {
+  const char* names[] = {"values", "exp_avg", "exp_avg_sq"};
+  std::vector<std::vector<torch::Tensor>> saved;
+  for (const char* name : names) saved.push_back(checkpoint_state(dir, name));
+  const auto same = [&](int k, size_t group, int64_t offset, const torch::Tensor& held) {
+    const std::vector<torch::Tensor>& whole = saved[k];
+    return group < whole.size() && offset + held.numel() <= whole[group].numel() &&
+           torch::equal(held.to(torch::kCPU), whole[group].narrow(0, offset, held.numel()));
+  };
+  for (const StateSlice& s : strategy.state_slices()) {
+    if (!same(0, s.group, s.offset, s.values) || !same(1, s.group, s.offset, s.exp_avg) ||
+        !same(2, s.group, s.offset, s.exp_avg_sq)) {
+      return false;
+    }
+  }
+  for (const FlatSlice& s : strategy.parameter_slices()) {
+    if (!same(0, s.group, s.offset, s.values)) return false;
+  }
+  return true;
+}
+
 // One optimizer step of the strategy on this rank's part of the fixture.
 double strategy_step(Strategy& strategy, Model& model, const Fixture& f, const Split& split, int rank,
                      torch::Device device) {
@@ -279,15 +303,20 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
 
   // 2. Parameters after 5 AdamW steps with clipping at a tenth of the raw norm.
   const double max_norm = 0.1 * reference_norm;
+  struct Trained {
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Strategy> strategy;
+    std::vector<torch::Tensor> values;  // parameter_slices' values after the steps, copied
+  };
   auto train_steps = [&](const LoadedPlugin& which, Reference* ref, std::vector<torch::Tensor>* min_ratio) {
-    std::unique_ptr<Model> model = make_model(registry);
-    std::unique_ptr<Strategy> strategy =
-        PluginRegistry::create<Strategy>(which, plugin_options(which, ""), context);
-    strategy->setup(*model, *comm, StrategyEnv{device, adamw});
+    Trained t;
+    t.model = make_model(registry);
+    t.strategy = PluginRegistry::create<Strategy>(which, plugin_options(which, ""), context);
+    t.strategy->setup(*t.model, *comm, StrategyEnv{device, adamw});
     for (int step = 0; step < kSteps; ++step) {
       const Fixture f = fixture(step);
-      const double norm = strategy_step(*strategy, *model, f, split, world.rank, device);
-      strategy->apply_update(UpdateArgs{kLr, clip_coefficient(norm, max_norm), step + 1});
+      const double norm = strategy_step(*t.strategy, *t.model, f, split, world.rank, device);
+      t.strategy->apply_update(UpdateArgs{kLr, clip_coefficient(norm, max_norm), step + 1});
       if (!ref) continue;
       const double ref_norm = ref->gradient(f);
       for (size_t g = 0; g < ref->grads().size(); ++g) {
@@ -298,15 +327,16 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
       }
       ref->update(clip_coefficient(ref_norm, max_norm), adamw, step + 1);
     }
-    std::vector<torch::Tensor> values;
-    for (const FlatSlice& slice : strategy->parameter_slices()) values.push_back(slice.values.clone());
-    return std::make_pair(strategy->parameter_slices(), values);
+    for (const FlatSlice& slice : t.strategy->parameter_slices()) t.values.push_back(slice.values.clone());
+    return t;
   };
   {
     Reference ref(registry, device);
     const std::vector<torch::Tensor> start = ref.values();
     std::vector<torch::Tensor> min_ratio;  // per element: min over steps of |g_ref| / rms(g_ref) of its group
-    const auto [slices, values] = train_steps(plugin, &ref, &min_ratio);
+    const Trained trained = train_steps(plugin, &ref, &min_ratio);
+    const std::vector<FlatSlice> slices = trained.strategy->parameter_slices();
+    const std::vector<torch::Tensor>& values = trained.values;
     // Adam divides by sqrt(v): an element whose true gradient is ~0 (e.g. the
     // key bias, to which softmax is invariant) gets an update of size lr
     // driven by rounding noise, with a sign fp32 and fp64 need not share.
@@ -329,10 +359,36 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
     // 3. World size 1: the same arithmetic as ddp, so the same bits.
     row.identical_to_ddp = -1;
     if (world.world_size == 1) {
-      const auto [ddp_slices, ddp_values] = train_steps(registry.find(PluginKind::Strategy, "ddp"), nullptr, nullptr);
+      const std::vector<torch::Tensor> ddp_values =
+          train_steps(registry.find(PluginKind::Strategy, "ddp"), nullptr, nullptr).values;
       bool same = ddp_values.size() == values.size();
       for (size_t i = 0; same && i < values.size(); ++i) same = torch::equal(values[i], ddp_values[i]);
       row.identical_to_ddp = same ? 1 : 0;
+    }
+
+    // 4. What a strategy must get right besides gradients. The consolidated
+    // final weights (as `trainer run` exports them) against the reference;
+    // a checkpoint of the trained state, read back, holds this rank's state
+    // bit for bit; the previous split's checkpoint (usually another world
+    // size) loads into a fresh strategy of this split as the same bits.
+    const std::vector<torch::Tensor> full =
+        consolidated_parameters(*trained.model, *trained.strategy, *comm, device, world.rank == 0);
+    if (world.rank == 0) {
+      std::vector<FlatSlice> whole;
+      for (size_t g = 0; g < full.size(); ++g) whole.push_back({g, 0, full[g].to(start.at(g).device())});
+      row.final_weights_error = relative_error(minus(whole, start), reference_change, &mask);
+    }
+    const fs::path checkpoints = fs::path(rank_report).parent_path() / "checkpoints";
+    Checkpointer checkpointer(checkpoints.string(), 1, "conformance", plugin.descriptor->name);
+    const std::string saved =
+        checkpointer.save(*trained.strategy, *trained.model, *comm, TrainingPosition{kSteps, kSteps});
+    row.checkpoint_saved = holds_checkpoint(*trained.strategy, saved) ? 1 : 0;
+    if (!request.load_checkpoint.empty()) {
+      std::unique_ptr<Model> model = make_model(registry);
+      std::unique_ptr<Strategy> strategy = fresh_strategy();
+      strategy->setup(*model, *comm, StrategyEnv{device, adamw});
+      const TrainingPosition position = checkpointer.load(request.load_checkpoint, *strategy, *model, *comm);
+      row.checkpoint_loaded = position.step == kSteps && holds_checkpoint(*strategy, request.load_checkpoint) ? 1 : 0;
     }
   }
 
@@ -341,7 +397,9 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
 
   const Json report{{"rank", row.rank},           {"grad_error", row.grad_error}, {"norm_error", row.norm_error},
                     {"param_error", row.param_error}, {"masked", row.masked},         {"identical_to_ddp", row.identical_to_ddp},
-                    {"bf16_error", row.bf16_error}, {"bf16_bound", row.bf16_bound}};
+                    {"bf16_error", row.bf16_error}, {"bf16_bound", row.bf16_bound},
+                    {"checkpoint_saved", row.checkpoint_saved}, {"checkpoint_loaded", row.checkpoint_loaded},
+                    {"final_weights_error", row.final_weights_error}};
   std::ofstream(rank_report) << report.dump() << "\n";
 }
 
@@ -355,11 +413,15 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
              plugin.descriptor->name, plugin.file, "split", "rank", "grad err", "norm err", "param err", "masked",
              "=ddp");
   bool all_pass = true;
+  std::string previous_checkpoint;  // each split loads the one the split before it wrote
   for (const Split& split : request.splits) {
     const fs::path dir = scratch / split.text();
     fs::create_directories(dir);
+    ConformanceRequest this_split = request;
+    this_split.load_checkpoint = previous_checkpoint;
+    const fs::path checkpoint = dir / "checkpoints" / fmt::format("step-{:08d}", kSteps);
     if (split.world == 1) {
-      run_conformance_worker(registry, request, split, WorldInfo{}, (dir / "rank0.jsonl").string());
+      run_conformance_worker(registry, this_split, split, WorldInfo{}, (dir / "rank0.jsonl").string());
     } else {
       // Workers find plugins where this process found them (a third party's
       // strategy is often known only through --plugin-dir).
@@ -369,6 +431,7 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
                                fmt::format("{},{},{}", split.micro, split.accum, split.world), "--device",
                                request.device, "--backend", request.backend, "--timeout",
                                fmt::format("{}", request.timeout_s), "--rank-report", dir.string()});
+      if (!previous_checkpoint.empty()) args.insert(args.end(), {"--load-checkpoint", previous_checkpoint});
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -376,15 +439,19 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
       if (code != 0) {
         fmt::print("{:<8} workers failed (exit code {})  FAIL\n", split.text(), code);
         all_pass = false;
+        previous_checkpoint.clear();
         continue;
       }
     }
+    const std::string loaded_from = previous_checkpoint;
+    previous_checkpoint = fs::exists(checkpoint) ? checkpoint.string() : "";
     for (int rank = 0; rank < split.world; ++rank) {
       const std::vector<MetricsRow> rows = read_metrics((dir / fmt::format("rank{}.jsonl", rank)).string());
       const MetricsRow& r = rows.at(0);
       const bool pass = r.at("grad_error") <= kGradTolerance && r.at("norm_error") <= kGradTolerance &&
                         r.at("param_error") <= kParamTolerance && r.at("identical_to_ddp") != 0 &&
-                        r.at("bf16_error") <= r.at("bf16_bound");
+                        r.at("bf16_error") <= r.at("bf16_bound") && r.at("checkpoint_saved") == 1 &&
+                        r.at("checkpoint_loaded") != 0 && r.at("final_weights_error") <= kParamTolerance;
       all_pass = all_pass && pass;
       const double identical = r.at("identical_to_ddp");
       fmt::print("{:<8} {:>4} {:>12.3e} {:>12.3e} {:>12.3e} {:>7.3f}% {:>8}  {}\n", split.text(), rank,
@@ -395,6 +462,15 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
                    rank, r.at("bf16_error"), r.at("bf16_bound"),
                    r.at("bf16_error") <= r.at("bf16_bound") ? "pass" : "FAIL");
       }
+      if (rank == 0 || r.at("checkpoint_saved") != 1 || r.at("checkpoint_loaded") == 0) {
+        const double loaded = r.at("checkpoint_loaded");
+        fmt::print("{:<8} {:>4} final weights err {:.3e}; checkpoint saved {}, {}  {}\n", split.text(), rank,
+                   r.at("final_weights_error"), r.at("checkpoint_saved") == 1 ? "bit for bit" : "WRONG",
+                   loaded < 0 ? std::string("nothing to load")
+                              : fmt::format("{} loaded {}", fs::path(loaded_from).parent_path().parent_path().filename().string(),
+                                            loaded > 0 ? "bit for bit" : "WRONG"),
+                   pass ? "pass" : "FAIL");
+      }
       if (report.is_open()) {
         const Json line{{"split", split.text()},          {"micro", split.micro},
                         {"accum", split.accum},           {"world", split.world},
@@ -402,7 +478,8 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
                         {"norm_error", r.at("norm_error")}, {"param_error", r.at("param_error")},
                         {"masked", r.at("masked")},       {"identical_to_ddp", r.at("identical_to_ddp")},
                         {"bf16_error", r.at("bf16_error")}, {"bf16_bound", r.at("bf16_bound")},
-                        {"pass", pass}};
+                        {"checkpoint_saved", r.at("checkpoint_saved")}, {"checkpoint_loaded", r.at("checkpoint_loaded")},
+                        {"final_weights_error", r.at("final_weights_error")}, {"pass", pass}};
         report << line.dump() << "\n";
       }
     }

@@ -34,6 +34,7 @@ struct ConformanceRequest {
   double timeout_s = 120;
   std::vector<std::string> plugin_dirs;  ///< --plugin-dir as given: workers search them too
   std::string report;     ///< JSONL output: one row per split and rank
+  std::string load_checkpoint;  ///< (per split) the previous split's checkpoint, loaded and compared
 };
 
 /// Norm-wise relative errors one rank measured for one split.
@@ -46,7 +47,10 @@ struct ConformanceRow {
   double masked = 0;       ///< share of elements left out of param_error (near-zero reference gradient)
   int identical_to_ddp = -1;
   double bf16_error = -1;  ///< bf16 compute, 16 accumulation steps: error vs the exact sum of the micro-gradients
-  double bf16_bound = -1;  ///< what fp32 accumulation of those micro-gradients can err by  ///< world size 1: parameters bit-identical to ddp's (1) or not (0); else -1
+  double bf16_bound = -1;  ///< what fp32 accumulation of those micro-gradients can err by
+  int checkpoint_saved = -1;   ///< the checkpoint written after the 5 steps holds this rank's state bit for bit (1) or not (0)
+  int checkpoint_loaded = -1;  ///< the previous split's checkpoint loaded into this split bit for bit (1), or not (0); -1: none
+  double final_weights_error = -1;  ///< rank 0: the consolidated weights' change vs the reference's (as param_error)  ///< world size 1: parameters bit-identical to ddp's (1) or not (0); else -1
 };
 
 /// Tolerances of the contract in fp32 (their origin is in Conformance.cpp).

@@ -56,21 +56,17 @@ void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const f
   write_file_atomically(file, summary.dump() + "\n");
 }
 
-// The final parameters, consolidated: every rank contributes the elements
-// of the flat layout it owns by the canonical rule (rank r: the r-th chunk
-// of ceil(n / world) elements of each group), which every strategy's slices
-// cover, and one all-reduce assembles them. Rank 0 writes model.safetensors
-// (fp32, Hugging Face names) and the model's config.json.
-void write_final_weights(Model& model, Strategy& strategy, Comm& comm, torch::Device device, const fs::path& dir,
-                         bool writer) {
-  const std::vector<NamedParameter> params = model.parameters();
+// The parameters, consolidated: every rank contributes the elements of the
+// flat layout it owns by the canonical rule (rank r: the r-th chunk of
+// ceil(n / world) elements of each group), which every strategy's slices
+// cover (check_state_coverage), and one all-reduce assembles them.
+std::vector<torch::Tensor> consolidated_parameters(Model& model, Strategy& strategy, Comm& comm, torch::Device device,
+                                                   bool writer) {
   int64_t numel[2] = {0, 0};  // decay, no decay: flatten_parameters' order
-  for (const NamedParameter& p : params) numel[p.decay ? 0 : 1] += p.tensor.numel();
-  std::vector<int> group_of_kind;  // kind (0 decay, 1 no decay) -> group index, -1 when empty
+  for (const NamedParameter& p : model.parameters()) numel[p.decay ? 0 : 1] += p.tensor.numel();
   std::vector<int64_t> group_numel;
-  for (int kind = 0; kind < 2; ++kind) {
-    group_of_kind.push_back(numel[kind] > 0 ? static_cast<int>(group_numel.size()) : -1);
-    if (numel[kind] > 0) group_numel.push_back(numel[kind]);
+  for (const int64_t n : numel) {
+    if (n > 0) group_numel.push_back(n);
   }
   // Assembled on the host one device chunk at a time: a device copy of all
   // parameters at once would set the run's peak device memory at its end.
@@ -100,6 +96,18 @@ void write_final_weights(Model& model, Strategy& strategy, Comm& comm, torch::De
       if (writer) full[g].narrow(0, start, end_of_chunk - start).copy_(part);
     }
   }
+  return full;
+}
+
+// Rank 0 writes model.safetensors (fp32, Hugging Face names) and the model's
+// config.json.
+void write_final_weights(Model& model, Strategy& strategy, Comm& comm, torch::Device device, const fs::path& dir,
+                         bool writer) {
+  const std::vector<torch::Tensor> full = consolidated_parameters(model, strategy, comm, device, writer);
+  const std::vector<NamedParameter> params = model.parameters();
+  int64_t numel[2] = {0, 0};
+  for (const NamedParameter& p : params) numel[p.decay ? 0 : 1] += p.tensor.numel();
+  const int group_of_kind[2] = {numel[0] > 0 ? 0 : -1, numel[0] > 0 ? 1 : 0};  // no decay follows decay when both
   if (!writer) return;
   std::vector<std::pair<std::string, torch::Tensor>> named;
   int64_t offset[2] = {0, 0};

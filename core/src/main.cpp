@@ -125,6 +125,8 @@ int main(int argc, char** argv) {
   check_plugin_cmd->add_option("--timeout", check.timeout_s, "seconds before a silent peer fails a split");
   check_plugin_cmd->add_option("--report", check.report, "write one JSON row per split and rank here");
   check_plugin_cmd->add_option("--rank-report", rank_report, "(internal) worker output directory")->group("");
+  check_plugin_cmd->add_option("--load-checkpoint", check.load_checkpoint, "(internal) the previous split's checkpoint")
+      ->group("");
 
   std::vector<std::string> compare_dirs;
   double compare_rtol = 1e-5;

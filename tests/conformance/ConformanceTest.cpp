@@ -123,6 +123,40 @@ TEST(ConformanceNegativeControl, SlicesThatMissTheirChunkFail) {
       << "no step ran";
 }
 
+// Beyond gradients: a checkpoint of a strategy that hands out copies of its
+// state loads into nothing, caught when the next split loads it; the
+// correct strategies' checkpoints load across world sizes bit for bit.
+TEST(ConformanceNegativeControl, CheckpointsThatDoNotLoadFail) {
+  const std::string fixtures = std::string(TRAINER_FIXTURE_DIR) + "/strategies/";
+  const std::string dir = scratch_dir("ConformanceStateCopies");
+  auto result = trainer("check-plugin " + fixtures + "trainer-strategy-state-copies.so --split 8,1,1 --split 2,4,1 "
+                        "--report " + dir + "/bad.jsonl");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  std::vector<MetricsRow> rows = read_metrics(dir + "/bad.jsonl");
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].at("checkpoint_saved"), 1) << "the copies hold the right values";
+  EXPECT_EQ(rows[0].at("checkpoint_loaded"), -1) << "the first split has nothing to load";
+  EXPECT_EQ(rows[1].at("checkpoint_loaded"), 0) << result.output;
+  EXPECT_LE(rows[1].at("grad_error"), 1e-5) << "its gradients are right";
+  EXPECT_NE(result.output.find("8x1x1 loaded WRONG"), std::string::npos) << result.output;
+
+  result = trainer("--plugin-dir " + fixtures + " check-plugin plain-allreduce --split 8,1,1 --split 2,2,2 "
+                   "--split 1,2,4 --split 4,2,1 --report " + dir + "/good.jsonl");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  rows = read_metrics(dir + "/good.jsonl");
+  ASSERT_EQ(rows.size(), 1u + 2u + 4u + 1u);
+  for (const MetricsRow& row : rows) {
+    EXPECT_EQ(row.at("checkpoint_saved"), 1);
+    if (&row != &rows[0]) {
+      EXPECT_EQ(row.at("checkpoint_loaded"), 1) << "from world size 1 to 2, 2 to 4, 4 to 1";
+    }
+    if (row.at("rank") == 0) {
+      EXPECT_GE(row.at("final_weights_error"), 0.0);
+      EXPECT_LE(row.at("final_weights_error"), 1e-4);
+    }
+  }
+}
+
 // A strategy found only through --plugin-dir, as a third party's is: its
 // workers at world size > 1 must find it too.
 TEST(ConformanceThirdParty, StrategiesFoundThroughPluginDirAreCheckedAtEveryWorldSize) {
