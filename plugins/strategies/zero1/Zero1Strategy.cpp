@@ -8,22 +8,13 @@
 // Each rank updates its shard of the flat fp32 parameters with the core's
 // AdamW, then the shards are all-gathered back into the full parameters.
 // At world size 1 the shard is the whole buffer and the arithmetic is ddp's.
-#include <cmath>
-
 #include "trainer/FlatParameters.h"
+#include "trainer/ShardedAdamW.h"
 #include "trainer/Strategy.h"
 
 namespace {
 
 using namespace trainer;
-
-struct ShardedGroup {
-  Shard shard;           // this rank's slice of the padded buffer
-  Shard owned;           // its real elements (padding excluded)
-  torch::Tensor grads;   // full fp32 gradient buffer, bound as the parameters' .grad (bf16 ones too)
-  torch::Tensor reduced; // this rank's shard of the summed gradient
-  AdamWState state;      // of the owned elements only
-};
 
 class Zero1Strategy final : public Strategy {
  public:
@@ -36,108 +27,66 @@ class Zero1Strategy final : public Strategy {
     groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/comm.world_size(), torch::kFloat32,
                                  env.compute_dtype);
     for (ParameterGroup& group : groups_) {
-      ShardedGroup s;
-      s.shard = shard_of(group.padded_numel, comm.rank(), comm.world_size());
-      s.owned = unpadded(group, s.shard);
-      s.grads = torch::zeros_like(group.values);
-      bind_gradients(group, s.grads);
-      s.reduced = torch::zeros({s.shard.numel}, group.values.options());
-      s.state = adamw_init(group.values.narrow(0, s.owned.offset, s.owned.numel));
-      shards_.push_back(std::move(s));
+      // The full fp32 gradient buffer autograd adds into (bf16 gradients widened exactly).
+      grads_.push_back(torch::zeros_like(group.values));
+      bind_gradients(group, grads_.back());
     }
+    optimizer_ = ShardedAdamW::viewing(groups_, comm);
   }
 
-
-  void backward(const torch::Tensor& loss, const MicroStep&) override {
-    loss.backward();  // autograd adds into the fp32 buffers, bf16 gradients widened exactly
-  }
+  void backward(const torch::Tensor& loss, const MicroStep&) override { loss.backward(); }
 
   double reduce_gradients_and_norm() override {
     torch::NoGradGuard no_grad;
-    for (ShardedGroup& s : shards_) {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      torch::Tensor& shard = optimizer_.groups()[g].gradient;
       if (reduce_dtype_ == torch::kFloat32) {
-        comm_->reduce_scatter_sum(s.grads, s.reduced);
+        comm_->reduce_scatter_sum(grads_[g], shard);
       } else {
-        torch::Tensor out = torch::empty_like(s.reduced, reduce_dtype_);
-        comm_->reduce_scatter_sum(s.grads.to(reduce_dtype_), out);
-        s.reduced.copy_(out);
+        torch::Tensor out = torch::empty_like(shard, reduce_dtype_);
+        comm_->reduce_scatter_sum(grads_[g].to(reduce_dtype_), out);
+        shard.copy_(out);
       }
     }
-    std::vector<torch::Tensor> owned;
-    for (const ShardedGroup& s : shards_) owned.push_back(s.reduced.narrow(0, 0, s.owned.numel));
-    return sharded_norm(owned, *comm_);
+    return optimizer_.gradient_norm(*comm_);
   }
 
   void apply_update(const UpdateArgs& args) override {
-    torch::NoGradGuard no_grad;
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      ShardedGroup& s = shards_[g];
-      torch::Tensor grads = s.reduced.narrow(0, 0, s.owned.numel);
-      adamw_update(groups_[g].values.narrow(0, s.owned.offset, s.owned.numel), grads, s.state, adamw_,
-                   groups_[g].decay, args.lr, args.adam_step, args.grad_scale);
-      comm_->all_gather(groups_[g].values.narrow(0, s.shard.offset, s.shard.numel), groups_[g].values);
-      sync_compute(groups_[g]);
-    }
+    optimizer_.update(adamw_, args);
+    all_gather_parameters(optimizer_, groups_, *comm_);
     discard_gradients();
   }
 
   void discard_gradients() override {
-    for (ShardedGroup& s : shards_) s.grads.zero_();
+    for (torch::Tensor& grads : grads_) grads.zero_();
+    optimizer_.zero_gradients();
   }
 
   MemoryReport memory() const override {
     MemoryReport report;
+    report.gradient_bytes = optimizer_.gradient_bytes();
+    report.optimizer_bytes = optimizer_.moment_bytes();
     for (size_t g = 0; g < groups_.size(); ++g) {
-      const bool separate = separate_compute(groups_[g]);
       report.parameter_bytes += groups_[g].compute.numel() * groups_[g].compute.element_size();
-      report.gradient_bytes += (shards_[g].grads.numel() + shards_[g].reduced.numel()) * 4;
-      // moments of the shard, and the fp32 master weights when parameters compute in bf16
-      report.optimizer_bytes += 2 * shards_[g].owned.numel * 4 + (separate ? groups_[g].values.numel() * 4 : 0);
+      report.gradient_bytes += grads_[g].numel() * 4;
+      // the fp32 master weights, when parameters compute in bf16
+      if (separate_compute(groups_[g])) report.optimizer_bytes += groups_[g].values.numel() * 4;
     }
     return report;
   }
 
-  std::vector<FlatSlice> gradient_slices() const override {
-    std::vector<FlatSlice> out;
-    for (size_t g = 0; g < shards_.size(); ++g) {
-      out.push_back({g, shards_[g].owned.offset, shards_[g].reduced.narrow(0, 0, shards_[g].owned.numel)});
-    }
-    return out;
-  }
-
-  std::vector<StateSlice> state_slices() override {
-    std::vector<StateSlice> slices;
-    for (size_t g = 0; g < shards_.size(); ++g) {
-      const Shard& owned = shards_[g].owned;
-      slices.push_back({g, owned.offset, groups_[g].values.narrow(0, owned.offset, owned.numel),
-                        shards_[g].state.exp_avg, shards_[g].state.exp_avg_sq});
-    }
-    return slices;
-  }
-
-  void state_loaded() override {
-    torch::NoGradGuard no_grad;
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      const Shard& shard = shards_[g].shard;
-      comm_->all_gather(groups_[g].values.narrow(0, shard.offset, shard.numel), groups_[g].values);
-      sync_compute(groups_[g]);
-    }
-  }
-
-  std::vector<FlatSlice> parameter_slices() const override {
-    std::vector<FlatSlice> out;
-    for (size_t g = 0; g < shards_.size(); ++g) {
-      out.push_back({g, shards_[g].owned.offset, groups_[g].values.narrow(0, shards_[g].owned.offset, shards_[g].owned.numel)});
-    }
-    return out;
-  }
+  std::vector<FlatSlice> gradient_slices() const override { return optimizer_.gradient_slices(); }
+  std::vector<StateSlice> state_slices() override { return optimizer_.state_slices(); }
+  void state_loaded() override { all_gather_parameters(optimizer_, groups_, *comm_); }
+  std::vector<FlatSlice> parameter_slices() const override { return optimizer_.parameter_slices(); }
 
  private:
   torch::Dtype reduce_dtype_;
   Comm* comm_ = nullptr;
   AdamWConfig adamw_;
   std::vector<ParameterGroup> groups_;
-  std::vector<ShardedGroup> shards_;
+  std::vector<torch::Tensor> grads_;
+  ShardedAdamW optimizer_;
 };
 
 constexpr KeySpec kKeys[] = {
