@@ -38,18 +38,6 @@ Chunk canonical(int64_t n, int rank, int world) {
   return Chunk{std::min(n, rank * c), std::min(n, (rank + 1) * c)};
 }
 
-// Elements of each flat group (decay, then no decay; empty ones left out),
-// as flatten_parameters lays them out.
-std::vector<int64_t> group_sizes(Model& model) {
-  int64_t numel[2] = {0, 0};
-  for (const NamedParameter& p : model.parameters()) numel[p.decay ? 0 : 1] += p.tensor.numel();
-  std::vector<int64_t> sizes;
-  for (const int64_t n : numel) {
-    if (n > 0) sizes.push_back(n);
-  }
-  return sizes;
-}
-
 // How many elements of `chunk` of group `group` the pieces [offset, offset +
 // length) cover, or -1 when a piece lies outside the group or is not 1-D.
 int64_t covered(const std::vector<std::tuple<size_t, int64_t, const torch::Tensor*>>& pieces, size_t group,
@@ -71,6 +59,16 @@ int64_t covered(const std::vector<std::tuple<size_t, int64_t, const torch::Tenso
 }
 
 }  // namespace
+
+std::vector<int64_t> group_sizes(Model& model) {
+  int64_t numel[2] = {0, 0};
+  for (const NamedParameter& p : model.parameters()) numel[p.decay ? 0 : 1] += p.tensor.numel();
+  std::vector<int64_t> sizes;
+  for (const int64_t n : numel) {
+    if (n > 0) sizes.push_back(n);
+  }
+  return sizes;
+}
 
 void check_state_coverage(Strategy& strategy, Model& model, Comm& comm, torch::Device device,
                           const std::string& strategy_name) {

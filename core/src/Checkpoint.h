@@ -51,6 +51,10 @@ class Checkpointer {
   std::string strategy_name_;
 };
 
+/// Elements of each flat group of `model` (decay, then no decay; empty ones
+/// left out), as flatten_parameters lays them out.
+std::vector<int64_t> group_sizes(Model& model);
+
 /// Collective; right after Strategy::setup (`device`: where the comm
 /// moves tensors). Checkpoints and the final
 /// weights are assembled by the canonical rule: rank r contributes chunk r

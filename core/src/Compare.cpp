@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -88,10 +87,7 @@ std::vector<KeyDifference> recipe_differences(const std::vector<std::string>& di
       notes.push_back(fmt::format("{}: no recipe.toml; its keys are not compared", dir));
     } else {
       try {
-        std::ifstream in(file, std::ios::binary);
-        std::stringstream text;
-        text << in.rdbuf();
-        flatten(parse_toml(text.str(), file), "", keys);
+        flatten(parse_toml_file(file, "recipe"), "", keys);
       } catch (const toml::parse_error& error) {
         notes.push_back(fmt::format("{}: not a readable recipe ({}); its keys are not compared", file,
                                     error.description()));

@@ -3,7 +3,6 @@
 #include "Recipe.h"
 
 #include <algorithm>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <string_view>
@@ -316,13 +315,8 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
     throw InputError(fmt::format("{}: {}; a recipe is a TOML file", file,
                                  std::filesystem::exists(file, kind_error) ? "not a regular file" : "no such file"));
   }
-  std::ifstream in(file, std::ios::binary);
-  std::stringstream content;
-  content << in.rdbuf();
-  if (!in) throw InputError(fmt::format("{}: cannot read recipe", file));
-  const std::string text = content.str();
   try {
-    root = parse_toml(text, file);
+    root = parse_toml_file(file, "recipe");
   } catch (const toml::parse_error& error) {
     const auto& begin = error.source().begin;
     if (begin.line == 0) throw InputError(fmt::format("{}: cannot read recipe: {}", file, error.description()));

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "Checkpoint.h"
 #include "Files.h"
 #include "trainer/Errors.h"
 #include "trainer/JsonSupport.h"
@@ -62,12 +63,7 @@ void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const f
 // cover (check_state_coverage), and one all-reduce assembles them.
 std::vector<torch::Tensor> consolidated_parameters(Model& model, Strategy& strategy, Comm& comm, torch::Device device,
                                                    bool writer) {
-  int64_t numel[2] = {0, 0};  // decay, no decay: flatten_parameters' order
-  for (const NamedParameter& p : model.parameters()) numel[p.decay ? 0 : 1] += p.tensor.numel();
-  std::vector<int64_t> group_numel;
-  for (const int64_t n : numel) {
-    if (n > 0) group_numel.push_back(n);
-  }
+  const std::vector<int64_t> group_numel = group_sizes(model);
   // Assembled on the host one device chunk at a time: a device copy of all
   // parameters at once would set the run's peak device memory at its end.
   // Each rank contributes the part of its slices inside its own 1/world
@@ -104,11 +100,10 @@ std::vector<torch::Tensor> consolidated_parameters(Model& model, Strategy& strat
 void write_final_weights(Model& model, Strategy& strategy, Comm& comm, torch::Device device, const fs::path& dir,
                          bool writer) {
   const std::vector<torch::Tensor> full = consolidated_parameters(model, strategy, comm, device, writer);
-  const std::vector<NamedParameter> params = model.parameters();
-  int64_t numel[2] = {0, 0};
-  for (const NamedParameter& p : params) numel[p.decay ? 0 : 1] += p.tensor.numel();
-  const int group_of_kind[2] = {numel[0] > 0 ? 0 : -1, numel[0] > 0 ? 1 : 0};  // no decay follows decay when both
   if (!writer) return;
+  const std::vector<NamedParameter> params = model.parameters();
+  // Decay, then no decay; with one group, every parameter is in it.
+  const int group_of_kind[2] = {0, full.size() > 1 ? 1 : 0};
   std::vector<std::pair<std::string, torch::Tensor>> named;
   int64_t offset[2] = {0, 0};
   for (const NamedParameter& p : params) {

@@ -1,7 +1,10 @@
 #include "TomlText.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <vector>
 
 #include <fmt/format.h>
@@ -175,8 +178,9 @@ toml::table parse_toml(std::string_view text, const std::string& where) {
     ascii += wide ? '$' : c;
     placeholder.push_back(wide);
   }
+  toml::table table;
   try {
-    (void)toml::parse(ascii, where);
+    table = toml::parse(ascii, where);
   } catch (const toml::parse_error& error) {
     const toml::source_position at = error.source().begin;
     size_t offset = 0;
@@ -190,7 +194,17 @@ toml::table parse_toml(std::string_view text, const std::string& where) {
     }
     throw;  // the text fails no later than this did
   }
+  const bool all_ascii = std::none_of(placeholder.begin(), placeholder.end(), [](bool p) { return p; });
+  if (all_ascii && !bom) return table;  // the same text: read once
   return toml::parse(scanned.text, where);
+}
+
+toml::table parse_toml_file(const std::string& file, const char* what) {
+  std::ifstream in(file, std::ios::binary);
+  std::stringstream content;
+  content << in.rdbuf();
+  if (!in) throw InputError(fmt::format("{}: cannot read {}", file, what));
+  return parse_toml(content.str(), file);
 }
 
 }  // namespace trainer

@@ -21,4 +21,8 @@ namespace trainer {
 /// TOML error. A UTF-8 byte-order mark at the start is allowed.
 toml::table parse_toml(std::string_view text, const std::string& where);
 
+/// parse_toml on the contents of `file`; InputError "file: cannot read
+/// <what>" when it cannot be read.
+toml::table parse_toml_file(const std::string& file, const char* what);
+
 }  // namespace trainer

@@ -57,9 +57,9 @@ class Zero1Strategy final : public Strategy {
     discard_gradients();
   }
 
+  // The shard's gradient needs no zeroing: the next reduce-scatter overwrites it.
   void discard_gradients() override {
     for (torch::Tensor& grads : grads_) grads.zero_();
-    optimizer_.zero_gradients();
   }
 
   MemoryReport memory() const override {
