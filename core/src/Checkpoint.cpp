@@ -110,9 +110,10 @@ void check_state_coverage(Strategy& strategy, Model& model, Comm& comm, torch::D
   for (int r = 0; r < world; ++r) {
     const auto at = [&](int64_t k) { return all[r * width + k].item<int64_t>(); };
     if (at(width - 1) != 0) {
-      throw InputError(fmt::format("strategy '{}': rank {}'s state slices name a group beyond the model's {} or "
-                                   "have values and moments of unequal lengths (trainer/Strategy.h, state_slices)",
-                                   strategy_name, r, sizes.size()));
+      throw InputError(
+          fmt::format("strategy '{}': rank {}'s state slices name a group beyond the model's {} or "
+                      "have values and moments of unequal lengths (trainer/Strategy.h, state_slices)",
+                      strategy_name, r, sizes.size()));
     }
     for (size_t g = 0; g < sizes.size(); ++g) {
       for (int k = 0; k < 2; ++k) {
@@ -121,15 +122,17 @@ void check_state_coverage(Strategy& strategy, Model& model, Comm& comm, torch::D
         const Chunk chunk = canonical(sizes[g], r, world);
         const char* what = k == 0 ? "state_slices" : "parameter_slices";
         if (missing < 0) {
-          throw InputError(fmt::format("strategy '{}': rank {}'s {} hold a piece of group {} outside its {} "
-                                       "elements, or not 1-D",
-                                       strategy_name, r, what, g, sizes[g]));
+          throw InputError(
+              fmt::format("strategy '{}': rank {}'s {} hold a piece of group {} outside its {} "
+                          "elements, or not 1-D",
+                          strategy_name, r, what, g, sizes[g]));
         }
-        throw InputError(fmt::format("strategy '{}': rank {}'s {} leave {} of the elements [{}, {}) of group {} "
-                                     "uncovered; rank r must hold chunk r of ceil(n / world size) elements of "
-                                     "every group (trainer/Strategy.h), which checkpoints and the final weights "
-                                     "are assembled from",
-                                     strategy_name, r, what, missing, chunk.begin, chunk.end, g));
+        throw InputError(
+            fmt::format("strategy '{}': rank {}'s {} leave {} of the elements [{}, {}) of group {} "
+                        "uncovered; rank r must hold chunk r of ceil(n / world size) elements of "
+                        "every group (trainer/Strategy.h), which checkpoints and the final weights "
+                        "are assembled from",
+                        strategy_name, r, what, missing, chunk.begin, chunk.end, g));
       }
     }
   }

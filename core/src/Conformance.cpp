@@ -19,8 +19,8 @@
 #include "Files.h"
 #include "Metrics.h"
 #include "Recipe.h"
-#include "RunOutputs.h"
 #include "Rendezvous.h"
+#include "RunOutputs.h"
 #include "Sampler.h"
 #include "trainer/FlatParameters.h"
 #include "trainer/JsonSupport.h"
@@ -322,8 +322,11 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
       for (size_t g = 0; g < ref->grads().size(); ++g) {
         const torch::Tensor& grad = ref->grads()[g];
         const torch::Tensor ratio = grad.abs() / grad.square().mean().sqrt().clamp_min(1e-300);
-        if (min_ratio->size() <= g) min_ratio->push_back(ratio);
-        else (*min_ratio)[g] = torch::minimum((*min_ratio)[g], ratio);
+        if (min_ratio->size() <= g) {
+          min_ratio->push_back(ratio);
+        } else {
+          (*min_ratio)[g] = torch::minimum((*min_ratio)[g], ratio);
+        }
       }
       ref->update(clip_coefficient(ref_norm, max_norm), adamw, step + 1);
     }
@@ -395,10 +398,16 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
   row.bf16_error = row.bf16_bound = -1;
   if (request.bf16 && world.world_size == 1) bf16_accumulation_check(registry, plugin, *comm, device, row);
 
-  const Json report{{"rank", row.rank},           {"grad_error", row.grad_error}, {"norm_error", row.norm_error},
-                    {"param_error", row.param_error}, {"masked", row.masked},         {"identical_to_ddp", row.identical_to_ddp},
-                    {"bf16_error", row.bf16_error}, {"bf16_bound", row.bf16_bound},
-                    {"checkpoint_saved", row.checkpoint_saved}, {"checkpoint_loaded", row.checkpoint_loaded},
+  const Json report{{"rank", row.rank},
+                    {"grad_error", row.grad_error},
+                    {"norm_error", row.norm_error},
+                    {"param_error", row.param_error},
+                    {"masked", row.masked},
+                    {"identical_to_ddp", row.identical_to_ddp},
+                    {"bf16_error", row.bf16_error},
+                    {"bf16_bound", row.bf16_bound},
+                    {"checkpoint_saved", row.checkpoint_saved},
+                    {"checkpoint_loaded", row.checkpoint_loaded},
                     {"final_weights_error", row.final_weights_error}};
   std::ofstream(rank_report) << report.dump() << "\n";
 }
@@ -467,19 +476,28 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
         fmt::print("{:<8} {:>4} final weights err {:.3e}; checkpoint saved {}, {}  {}\n", split.text(), rank,
                    r.at("final_weights_error"), r.at("checkpoint_saved") == 1 ? "bit for bit" : "WRONG",
                    loaded < 0 ? std::string("nothing to load")
-                              : fmt::format("{} loaded {}", fs::path(loaded_from).parent_path().parent_path().filename().string(),
+                              : fmt::format("{} loaded {}",
+                                            fs::path(loaded_from).parent_path().parent_path().filename().string(),
                                             loaded > 0 ? "bit for bit" : "WRONG"),
                    pass ? "pass" : "FAIL");
       }
       if (report.is_open()) {
-        const Json line{{"split", split.text()},          {"micro", split.micro},
-                        {"accum", split.accum},           {"world", split.world},
-                        {"rank", rank},                   {"grad_error", r.at("grad_error")},
-                        {"norm_error", r.at("norm_error")}, {"param_error", r.at("param_error")},
-                        {"masked", r.at("masked")},       {"identical_to_ddp", r.at("identical_to_ddp")},
-                        {"bf16_error", r.at("bf16_error")}, {"bf16_bound", r.at("bf16_bound")},
-                        {"checkpoint_saved", r.at("checkpoint_saved")}, {"checkpoint_loaded", r.at("checkpoint_loaded")},
-                        {"final_weights_error", r.at("final_weights_error")}, {"pass", pass}};
+        const Json line{{"split", split.text()},
+                        {"micro", split.micro},
+                        {"accum", split.accum},
+                        {"world", split.world},
+                        {"rank", rank},
+                        {"grad_error", r.at("grad_error")},
+                        {"norm_error", r.at("norm_error")},
+                        {"param_error", r.at("param_error")},
+                        {"masked", r.at("masked")},
+                        {"identical_to_ddp", r.at("identical_to_ddp")},
+                        {"bf16_error", r.at("bf16_error")},
+                        {"bf16_bound", r.at("bf16_bound")},
+                        {"checkpoint_saved", r.at("checkpoint_saved")},
+                        {"checkpoint_loaded", r.at("checkpoint_loaded")},
+                        {"final_weights_error", r.at("final_weights_error")},
+                        {"pass", pass}};
         report << line.dump() << "\n";
       }
     }

@@ -45,12 +45,15 @@ struct ConformanceRow {
   double norm_error = 0;   ///< |reported norm - reference norm| / reference norm
   double param_error = 0;  ///< parameter change after 5 clipped AdamW steps, vs the reference's
   double masked = 0;       ///< share of elements left out of param_error (near-zero reference gradient)
-  int identical_to_ddp = -1;
+  int identical_to_ddp = -1;  ///< world size 1: parameters bit-identical to ddp's (1) or not (0); else -1
   double bf16_error = -1;  ///< bf16 compute, 16 accumulation steps: error vs the exact sum of the micro-gradients
   double bf16_bound = -1;  ///< what fp32 accumulation of those micro-gradients can err by
-  int checkpoint_saved = -1;   ///< the checkpoint written after the 5 steps holds this rank's state bit for bit (1) or not (0)
-  int checkpoint_loaded = -1;  ///< the previous split's checkpoint loaded into this split bit for bit (1), or not (0); -1: none
-  double final_weights_error = -1;  ///< rank 0: the consolidated weights' change vs the reference's (as param_error)  ///< world size 1: parameters bit-identical to ddp's (1) or not (0); else -1
+  /// The checkpoint written after the 5 steps holds this rank's state bit for bit (1) or not (0).
+  int checkpoint_saved = -1;
+  /// The previous split's checkpoint loaded into this split bit for bit (1) or not (0); -1: none.
+  int checkpoint_loaded = -1;
+  /// Rank 0: the consolidated weights' change vs the reference's (as param_error); -1 elsewhere.
+  double final_weights_error = -1;
 };
 
 /// Tolerances of the contract in fp32 (their origin is in Conformance.cpp).

@@ -52,8 +52,10 @@ constexpr KeySpec kScheduleKeys[] = {
 };
 constexpr KeySpec kDistributedKeys[] = {
     {"backend", VT::String, "'gloo'",
-     "communication plugin (a comm plugin's name or .so file) when world size > 1: gloo (CPU), nccl (CUDA), or another"},
-    {"nproc", VT::Int, "1", "local worker processes `trainer run` starts (ignored under an external launcher)", 1, 4096},
+     "communication plugin (a comm plugin's name or .so file) when world size > 1: gloo (CPU), nccl (CUDA), or "
+     "another"},
+    {"nproc", VT::Int, "1", "local worker processes `trainer run` starts (ignored under an external launcher)", 1,
+     4096},
     {"timeout_s", VT::Float, "300", "a collective or peer silent this long ends the job", 1, kInf},
 };
 
