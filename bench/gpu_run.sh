@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the project root (.deps staged by
-# ../shared/device/stage-deps.sh and carried): configure and build into
+# ../shared/device/stage-deps.sh and bench/stage-gpu-libs.sh, carried with
+# .cache/tokenizers): configure and build into
 # build-gpu, then the stages named in $STAGES (default: all), logs under $OUT.
 #   tests   ctest -L gpu and -L unit
 #   hf      bench/hf_logits_check.py on CUDA
 #   b05     bench.py at the 0.5B shape     b3    bench.py at the 3B shape
 #   tb      bench/tensorboard_check.py: the event files read by TensorBoard's reader
 #   tok     bench/tokenizer_reference.py: Hugging Face tokenizers' ids for the test corpus
-#           (tokenizer.json carried in .deps/tokenizer-qwen3)
+#           (Qwen3's tokenizer.json carried in .cache/tokenizers/qwen3)
 #   tokb    bench/tokenize_bench.py: trainer tokenize against HF tokenizers (same corpus)
 # Extra bench.py arguments: $BENCH_ARGS (e.g. --arms ddp,zero3).
 set -uo pipefail
@@ -26,9 +27,9 @@ for stage in $stages; do
            grep -E "tests passed|Failed|FAILED|\*\*\*" "$out/ctest.log" | head -30 ;;
     hf) python3 bench/hf_logits_check.py --trainer build-gpu/bin/trainer --device cuda 2>&1 | tail -4 || status=1 ;;
     tb) python3 bench/tensorboard_check.py --trainer build-gpu/bin/trainer 2>&1 | tail -12 || status=1 ;;
-    tok) python3 bench/tokenizer_reference.py --tokenizer .deps/tokenizer-qwen3/tokenizer.json \
+    tok) python3 bench/tokenizer_reference.py --tokenizer .cache/tokenizers/qwen3/tokenizer.json \
            --out "$out/qwen3-expected.json" || status=1 ;;
-    tokb) python3 bench/tokenize_bench.py --trainer build-gpu/bin/trainer --tokenizer .deps/tokenizer-qwen3 \
+    tokb) python3 bench/tokenize_bench.py --trainer build-gpu/bin/trainer --tokenizer .cache/tokenizers/qwen3 \
             ${TOKB_ARGS:-} 2>&1 | tail -12 || status=1 ;;
     b05|b3) shape=0.5b; [ "$stage" = b3 ] && shape=3b
             python3 bench/bench.py --trainer build-gpu/bin/trainer --shape $shape --json "$out/$stage.json" \

@@ -28,16 +28,20 @@ find_package(nlohmann_json 3.9 QUIET)
 trainer_header_only(nlohmann_json::nlohmann_json nlohmann/json.hpp)
 
 # The tokenizer (core/src/text): PCRE2 for the pre-tokenizer's Unicode
-# patterns, utf8proc for NFC (Debian libpcre2-dev, libutf8proc-dev). Without
-# them the trainer builds and Tokenizer::load says what is missing.
-find_package(PkgConfig QUIET)
+# patterns, utf8proc for NFC (Debian libpcre2-dev, libutf8proc-dev). Found by
+# header and library on CMAKE_PREFIX_PATH too, as the GPU host needs
+# (bench/stage-gpu-libs.sh stages them under .deps). Without them the trainer
+# builds and Tokenizer::load says what is missing.
+find_path(TRAINER_PCRE2_INCLUDE pcre2.h)
+find_library(TRAINER_PCRE2_LIBRARY pcre2-8)
+find_path(TRAINER_UTF8PROC_INCLUDE utf8proc.h)
+find_library(TRAINER_UTF8PROC_LIBRARY utf8proc)
 set(TRAINER_HAS_TOKENIZER OFF)
-if(PkgConfig_FOUND)
-  pkg_check_modules(PCRE2 QUIET IMPORTED_TARGET libpcre2-8)
-  pkg_check_modules(UTF8PROC QUIET IMPORTED_TARGET libutf8proc)
-  if(PCRE2_FOUND AND UTF8PROC_FOUND)
-    set(TRAINER_HAS_TOKENIZER ON)
-  endif()
+if(TRAINER_PCRE2_INCLUDE AND TRAINER_PCRE2_LIBRARY AND TRAINER_UTF8PROC_INCLUDE AND TRAINER_UTF8PROC_LIBRARY)
+  set(TRAINER_HAS_TOKENIZER ON)
+  add_library(trainer_text_libs INTERFACE)
+  target_include_directories(trainer_text_libs SYSTEM INTERFACE ${TRAINER_PCRE2_INCLUDE} ${TRAINER_UTF8PROC_INCLUDE})
+  target_link_libraries(trainer_text_libs INTERFACE ${TRAINER_PCRE2_LIBRARY} ${TRAINER_UTF8PROC_LIBRARY})
 endif()
 message(STATUS "trainer: tokenizer (PCRE2, utf8proc) ${TRAINER_HAS_TOKENIZER}")
 

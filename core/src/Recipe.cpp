@@ -347,11 +347,6 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
   recipe.model = choose(table_or_empty(root, "model", origins), "model", PluginKind::Model, nullptr, registry, origins);
   recipe.dataset = choose(table_or_empty(root, "dataset", origins), "dataset", PluginKind::Dataset, nullptr, registry, origins);
   recipe.strategy = choose(table_or_empty(root, "strategy", origins), "strategy", PluginKind::Strategy, "ddp", registry, origins);
-  try {  // any comm plugin, found as the others are; it takes no keys
-    (void)registry.find(PluginKind::Comm, recipe.distributed.text("backend"));
-  } catch (const InputError& error) {
-    recipe.distributed.fail("backend", fmt::format("a comm plugin: {}", error.what()));
-  }
   default_tokenizer_from_model(recipe);
 
   toml::array loggers;
@@ -435,6 +430,15 @@ BatchShape batch_shape(const Recipe& recipe, int world_size) {
   }
   shape.grad_accum_steps = accum;
   return shape;
+}
+
+void check_backend(const Recipe& recipe, PluginRegistry& registry, int world_size) {
+  if (world_size <= 1) return;
+  try {  // any comm plugin, found as the others are; it takes no keys
+    (void)registry.find(PluginKind::Comm, recipe.distributed.text("backend"));
+  } catch (const InputError& error) {
+    recipe.distributed.fail("backend", fmt::format("a comm plugin for world size {}: {}", world_size, error.what()));
+  }
 }
 
 }  // namespace trainer

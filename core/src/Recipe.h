@@ -72,4 +72,9 @@ struct BatchShape {
 /// derived from training.global_batch_size; InputError when they disagree.
 BatchShape batch_shape(const Recipe& recipe, int world_size);
 
+/// At world size > 1, distributed.backend must be a comm plugin found here
+/// (by name or path); InputError naming the key otherwise. A single process
+/// needs none, so a build without one (gloo on a CUDA host) still runs it.
+void check_backend(const Recipe& recipe, PluginRegistry& registry, int world_size);
+
 }  // namespace trainer

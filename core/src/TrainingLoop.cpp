@@ -150,6 +150,7 @@ torch::Device device_of(const Recipe& recipe, const WorldInfo& world) {
 // device (the project's two are checked here; another's connect() says).
 std::unique_ptr<Comm> connect_comm(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& world,
                                    torch::Device device) {
+  check_backend(recipe, registry, world.world_size);
   const std::string backend = recipe.distributed.text("backend");
   if (world.world_size > 1 && (backend == "nccl" || backend == "gloo") && (backend == "nccl") != device.is_cuda()) {
     recipe.distributed.fail("backend", fmt::format("'{}' for run.device = '{}'", device.is_cuda() ? "nccl" : "gloo",

@@ -216,7 +216,9 @@ int main(int argc, char** argv) {
     }
     if (validate->parsed()) {
       // The same batch checks as `trainer run` with the recipe's local workers.
-      batch_shape(recipe, std::max<int>(1, static_cast<int>(recipe.distributed.integer("nproc"))));
+      const int local_workers = std::max<int>(1, static_cast<int>(recipe.distributed.integer("nproc")));
+      batch_shape(recipe, local_workers);
+      check_backend(recipe, registry, local_workers);
       std::cout << recipe.resolved_toml();
       log::info(fmt::format("{}: recipe is valid", recipe_file));
       return 0;
@@ -231,7 +233,10 @@ int main(int argc, char** argv) {
       train(recipe, registry, world);
       return 0;
     }
-    if (workers > 1) return launch_local_workers(argc, argv, workers, recipe.distributed.real("timeout_s"));
+    if (workers > 1) {
+      check_backend(recipe, registry, workers);  // once, before any worker starts
+      return launch_local_workers(argc, argv, workers, recipe.distributed.real("timeout_s"));
+    }
     train(recipe, registry, WorldInfo{});
     return 0;
   } catch (const Preempted& stopped) {
