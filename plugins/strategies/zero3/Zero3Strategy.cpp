@@ -28,6 +28,7 @@
 
 #include "trainer/Errors.h"
 #include "trainer/FlatParameters.h"
+#include "trainer/ShardedAdamW.h"
 #include "trainer/Strategy.h"
 
 namespace {
@@ -75,13 +76,6 @@ struct Unit {
   bool in_backward = false;
 };
 
-struct ShardedGroup {
-  Shard shard, owned;
-  torch::Tensor values;       // this rank's shard of the parameters (the fp32 master)
-  torch::Tensor accumulated;  // this rank's shard of the summed gradient
-  AdamWState state;
-};
-
 class Zero3Strategy final : public Strategy, public UnitHooks {
  public:
   explicit Zero3Strategy(const Options& options)
@@ -99,13 +93,10 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     }
     std::vector<ParameterGroup> layout = flatten_parameters(params, env.device, comm.world_size());
     for (ParameterGroup& group : layout) {
-      ShardedGroup s;
-      s.shard = shard_of(group.padded_numel, comm.rank(), comm.world_size());
-      s.owned = unpadded(group, s.shard);
-      s.values = group.values.narrow(0, s.shard.offset, s.shard.numel).clone();
-      s.accumulated = torch::zeros_like(s.values);
-      s.state = adamw_init(s.values.narrow(0, 0, s.owned.numel));
-      shards_.push_back(std::move(s));
+      // The shard's fp32 master values live only here: the full buffer goes.
+      const Shard shard = shard_of(group.padded_numel, comm.rank(), comm.world_size());
+      optimizer_.add_group(shard, unpadded(group, shard), group.decay,
+                           group.values.narrow(0, shard.offset, shard.numel).clone());
     }
     build_units(params, declared, layout);
     // The full flat buffers go out of scope here; parameters now view the
@@ -158,65 +149,29 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     return output;
   }
 
-  double reduce_gradients_and_norm() override {
-    std::vector<torch::Tensor> owned;
-    for (const ShardedGroup& s : shards_) owned.push_back(s.accumulated.narrow(0, 0, s.owned.numel));
-    return sharded_norm(owned, *comm_);
-  }
+  double reduce_gradients_and_norm() override { return optimizer_.gradient_norm(*comm_); }
 
   void apply_update(const UpdateArgs& args) override {
-    torch::NoGradGuard no_grad;
-    for (size_t g = 0; g < shards_.size(); ++g) {
-      ShardedGroup& s = shards_[g];
-      torch::Tensor grads = s.accumulated.narrow(0, 0, s.owned.numel);
-      adamw_update(s.values.narrow(0, 0, s.owned.numel), grads, s.state, adamw_, decay_[g], args.lr, args.adam_step,
-                   args.grad_scale);
-    }
+    optimizer_.update(adamw_, args);
     discard_gradients();
   }
 
-  void discard_gradients() override {
-    for (ShardedGroup& s : shards_) s.accumulated.zero_();
-  }
+  void discard_gradients() override { optimizer_.zero_gradients(); }
 
   MemoryReport memory() const override {
     MemoryReport report;
-    for (const ShardedGroup& s : shards_) {
-      report.parameter_bytes += s.values.numel() * 4;
-      report.gradient_bytes += s.accumulated.numel() * 4;
-      report.optimizer_bytes += 2 * s.owned.numel * 4;
-    }
+    for (const OptimizerShard& s : optimizer_.groups()) report.parameter_bytes += s.values.numel() * 4;
+    report.gradient_bytes = optimizer_.gradient_bytes();
+    report.optimizer_bytes = optimizer_.moment_bytes();
     report.peak_gathered_parameter_bytes = peak_gathered_bytes_;
     return report;
   }
 
-  std::vector<FlatSlice> gradient_slices() const override {
-    std::vector<FlatSlice> out;
-    for (size_t g = 0; g < shards_.size(); ++g) {
-      out.push_back({g, shards_[g].owned.offset, shards_[g].accumulated.narrow(0, 0, shards_[g].owned.numel)});
-    }
-    return out;
-  }
-
-  std::vector<StateSlice> state_slices() override {
-    std::vector<StateSlice> slices;
-    for (size_t g = 0; g < shards_.size(); ++g) {
-      ShardedGroup& s = shards_[g];
-      slices.push_back({g, s.owned.offset, s.values.narrow(0, 0, s.owned.numel), s.state.exp_avg, s.state.exp_avg_sq});
-    }
-    return slices;
-  }
-
+  std::vector<FlatSlice> gradient_slices() const override { return optimizer_.gradient_slices(); }
+  std::vector<StateSlice> state_slices() override { return optimizer_.state_slices(); }
   // Units are gathered from the shards on demand: nothing derives from them.
   void state_loaded() override {}
-
-  std::vector<FlatSlice> parameter_slices() const override {
-    std::vector<FlatSlice> out;
-    for (size_t g = 0; g < shards_.size(); ++g) {
-      out.push_back({g, shards_[g].owned.offset, shards_[g].values.narrow(0, 0, shards_[g].owned.numel)});
-    }
-    return out;
-  }
+  std::vector<FlatSlice> parameter_slices() const override { return optimizer_.parameter_slices(); }
 
  private:
   void build_units(const std::vector<NamedParameter>& params, const std::vector<ParameterUnit>& declared,
@@ -224,7 +179,6 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     // Where each parameter sits: (group, slot).
     std::map<const void*, std::pair<size_t, const ParameterSlot*>> where;
     for (size_t g = 0; g < layout.size(); ++g) {
-      decay_.push_back(layout[g].decay);
       for (const ParameterSlot& slot : layout[g].slots) where[slot.param.unsafeGetTensorImpl()] = {g, &slot};
     }
     std::vector<int> covered(params.size(), 0);
@@ -251,7 +205,7 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
         unit.params.push_back(params[index].tensor);
       }
       for (auto& [g, r] : ranges) {
-        r.values = torch::empty({r.end - r.begin}, shards_[g].values.options().dtype(compute_dtype_));
+        r.values = torch::empty({r.end - r.begin}, optimizer_.groups()[g].values.options().dtype(compute_dtype_));
         for (int rank = 0; rank < comm_->world_size(); ++rank) {
           const Shard s = shard_of(layout[g].padded_numel, rank, comm_->world_size());
           Piece p{std::max(r.begin, s.offset), std::min(r.end, s.offset + s.numel)};
@@ -303,7 +257,7 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     const int rank = comm_->rank();
     for (UnitRange& r : unit.ranges) {
       reallocate(r.values);
-      const ShardedGroup& s = shards_[r.group];
+      const OptimizerShard& s = optimizer_.groups()[r.group];
       const Piece& mine = r.pieces[rank];
       gathered_bytes_ += r.values.numel() * r.values.element_size();
       if (comm_->world_size() == 1) {  // the shard is the whole range: one copy (and cast), no collective
@@ -358,9 +312,9 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     const int world = comm_->world_size();
     const int rank = comm_->rank();
     for (UnitRange& r : unit.ranges) {
-      ShardedGroup& s = shards_[r.group];
+      OptimizerShard& s = optimizer_.groups()[r.group];
       if (world == 1 && reduce_dtype_ == torch::kFloat32) {  // a reduce-scatter over one rank adds the whole range
-        s.accumulated.narrow(0, r.begin - s.shard.offset, r.grads.numel()).add_(r.grads);
+        s.gradient.narrow(0, r.begin - s.shard.offset, r.grads.numel()).add_(r.grads);
         r.grads = torch::Tensor();
         continue;
       }
@@ -374,7 +328,7 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
       comm_->reduce_scatter_sum(send, received);
       const Piece& mine = r.pieces[rank];
       if (mine.size() > 0) {
-        s.accumulated.narrow(0, mine.begin - s.shard.offset, mine.size()).add_(received.narrow(0, 0, mine.size()));
+        s.gradient.narrow(0, mine.begin - s.shard.offset, mine.size()).add_(received.narrow(0, 0, mine.size()));
       }
       r.grads = torch::Tensor();
     }
@@ -388,8 +342,7 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
   Comm* comm_ = nullptr;
   Model* model_ = nullptr;
   AdamWConfig adamw_;
-  std::vector<bool> decay_;
-  std::vector<ShardedGroup> shards_;
+  ShardedAdamW optimizer_;
   std::vector<Unit> units_;
   std::map<const void*, size_t> unit_of_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
