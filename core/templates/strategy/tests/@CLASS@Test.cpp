@@ -13,7 +13,7 @@ TEST(@CLASS@Test, PassesTheConformanceKit) {
 
 // The same plugin given by its file.
 TEST(@CLASS@Test, PassesTheKitByPath) {
-  const TrainerResult result = run_trainer(std::string("check-plugin '") + PLUGIN_FILE + "' --split 2,4,1 --split 4,1,2");
+  const TrainerResult result = run_trainer(std::string("check-plugin '") + PLUGIN_FILE + "' --split 2,4,1 --split 4,1,2 --split 1,2,4");
   EXPECT_EQ(result.status, 0) << result.output;
 }
 
