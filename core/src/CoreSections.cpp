@@ -68,16 +68,19 @@ constexpr KeySpec kCheckpointKeys[] = {
 };
 
 template <size_t N>
-SectionSpec section(const char* name, const KeySpec (&keys)[N]) {
-  return SectionSpec{name, keys, N};
+SectionSpec section(const char* name, const KeySpec (&keys)[N], Options Recipe::*options) {
+  return SectionSpec{name, keys, N, options};
 }
 
 }  // namespace
 
 std::vector<SectionSpec> core_sections() {
-  return {section("run", kRunKeys), section("training", kTrainingKeys), section("optimizer", kOptimizerKeys),
-          section("lr_schedule", kScheduleKeys), section("distributed", kDistributedKeys),
-          section("checkpoint", kCheckpointKeys)};
+  return {section("run", kRunKeys, &Recipe::run),
+          section("training", kTrainingKeys, &Recipe::training),
+          section("optimizer", kOptimizerKeys, &Recipe::optimizer),
+          section("lr_schedule", kScheduleKeys, &Recipe::lr_schedule),
+          section("distributed", kDistributedKeys, &Recipe::distributed),
+          section("checkpoint", kCheckpointKeys, &Recipe::checkpoint)};
 }
 
 }  // namespace trainer

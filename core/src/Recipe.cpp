@@ -337,12 +337,8 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
 
   Recipe recipe;
   recipe.file = file;
-  Options* core[] = {&recipe.run,         &recipe.training,    &recipe.optimizer,
-                     &recipe.lr_schedule, &recipe.distributed, &recipe.checkpoint};
-  const std::vector<SectionSpec> sections = core_sections();
-  for (size_t i = 0; i < sections.size(); ++i) {
-    const SectionSpec& s = sections[i];
-    *core[i] = validate(table_or_empty(root, s.name, origins), s.name, s.name, s.keys, s.num_keys, origins, false);
+  for (const SectionSpec& s : core_sections()) {
+    recipe.*s.options = validate(table_or_empty(root, s.name, origins), s.name, s.name, s.keys, s.num_keys, origins, false);
   }
   recipe.model = choose(table_or_empty(root, "model", origins), "model", PluginKind::Model, nullptr, registry, origins);
   recipe.dataset = choose(table_or_empty(root, "dataset", origins), "dataset", PluginKind::Dataset, nullptr, registry, origins);
@@ -373,12 +369,10 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
 
 std::string Recipe::resolved_toml() const {
   toml::table out;
-  const char* names[] = {"run", "training", "optimizer", "lr_schedule", "distributed", "checkpoint"};
-  const Options* core[] = {&run, &training, &optimizer, &lr_schedule, &distributed, &checkpoint};
-  for (size_t i = 0; i < 6; ++i) {
+  for (const SectionSpec& s : core_sections()) {
     toml::table section;
-    insert_options(section, *core[i]);
-    out.insert(names[i], std::move(section));
+    insert_options(section, this->*s.options);
+    out.insert(s.name, std::move(section));
   }
   out.insert("model", component_table(model));
   out.insert("dataset", component_table(dataset));

@@ -54,6 +54,7 @@ struct SectionSpec {
   const char* name;
   const KeySpec* keys;
   size_t num_keys;
+  Options Recipe::*options;  ///< where a Recipe keeps the validated section
 };
 std::vector<SectionSpec> core_sections();
 
