@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "Files.h"
 #include "Metrics.h"
 
@@ -66,6 +68,22 @@ inline std::vector<double> column(const std::vector<MetricsRow>& rows, const std
   std::vector<double> values;
   for (const MetricsRow& row : rows) values.push_back(row.at(key));
   return values;
+}
+
+/// configs/quickstart.toml: the recipe most integration tests vary.
+inline const std::string& quickstart_recipe() {
+  static const std::string path = source_path("configs/quickstart.toml");
+  return path;
+}
+
+/// The losses of `trainer run` on the quickstart recipe with `overrides`
+/// (e.g. "--set training.steps=30"), in scratch_dir(name); the run must
+/// succeed.
+inline std::vector<double> quickstart_losses(const std::string& name, const std::string& overrides) {
+  const std::string dir = scratch_dir(name);
+  const CommandResult result = trainer("run " + quickstart_recipe() + " --set run.output_dir=" + dir + " " + overrides);
+  if (result.exit_code != 0) ADD_FAILURE() << overrides << "\n" << result.output;
+  return column(read_metrics(dir + "/metrics.jsonl"), "loss");
 }
 
 }  // namespace trainer::testing

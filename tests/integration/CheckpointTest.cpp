@@ -24,7 +24,7 @@ using testing::scratch_dir;
 using testing::source_path;
 using testing::trainer;
 
-const std::string kQuickstart = source_path("configs/quickstart.toml");
+const std::string& kQuickstart = testing::quickstart_recipe();
 
 // Quickstart (global batch 8) with `strategy` at `world` ranks.
 std::string setup(const std::string& strategy, int world) {

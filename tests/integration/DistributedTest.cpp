@@ -27,14 +27,9 @@ using testing::scratch_dir;
 using testing::source_path;
 using testing::trainer;
 
-const std::string kQuickstart = source_path("configs/quickstart.toml");
+const std::string& kQuickstart = testing::quickstart_recipe();
 
-std::vector<double> losses(const std::string& name, const std::string& overrides) {
-  const std::string dir = scratch_dir(name);
-  const auto result = trainer("run " + kQuickstart + " --set run.output_dir=" + dir + " " + overrides);
-  EXPECT_EQ(result.exit_code, 0) << result.output;
-  return column(read_metrics(dir + "/metrics.jsonl"), "loss");
-}
+const auto& losses = testing::quickstart_losses;
 
 void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rtol, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;

@@ -28,7 +28,7 @@ using testing::scratch_dir;
 using testing::source_path;
 using testing::trainer;
 
-const std::string kQuickstart = source_path("configs/quickstart.toml");
+const std::string& kQuickstart = testing::quickstart_recipe();
 
 TEST(Faults, DiskFullWhileCheckpointingKeepsEarlierCheckpoints) {
   const std::string straight = scratch_dir("FaultDiskStraight"), dir = scratch_dir("FaultDisk");

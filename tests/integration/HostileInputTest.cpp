@@ -28,7 +28,7 @@ using testing::source_path;
 using testing::trainer;
 using testing::write_file;
 
-const std::string kQuickstart = source_path("configs/quickstart.toml");
+const std::string& kQuickstart = testing::quickstart_recipe();
 
 bool says(const CommandResult& result, const std::string& text) { return result.output.find(text) != std::string::npos; }
 

@@ -15,14 +15,9 @@ using testing::scratch_dir;
 using testing::source_path;
 using testing::trainer;
 
-const std::string kQuickstart = source_path("configs/quickstart.toml");
+const std::string& kQuickstart = testing::quickstart_recipe();
 
-std::vector<double> losses_of(const std::string& name, const std::string& overrides) {
-  const std::string dir = scratch_dir(name);
-  const auto result = trainer("run " + kQuickstart + " --set run.output_dir=" + dir + " " + overrides);
-  EXPECT_EQ(result.exit_code, 0) << result.output;
-  return column(read_metrics(dir + "/metrics.jsonl"), "loss");
-}
+const auto& losses_of = testing::quickstart_losses;
 
 TEST(TrainingInvariance, QuickstartHalvesItsLoss) {
   const std::vector<double> loss = losses_of("Quickstart", "");

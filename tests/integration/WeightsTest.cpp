@@ -21,7 +21,7 @@ using testing::source_path;
 using testing::trainer;
 using testing::write_file;
 
-const std::string kQuickstart = source_path("configs/quickstart.toml");
+const std::string& kQuickstart = testing::quickstart_recipe();
 
 std::string run(const std::string& name, const std::string& overrides) {
   const std::string dir = scratch_dir(name);
