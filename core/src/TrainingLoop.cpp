@@ -186,8 +186,28 @@ std::string output_dir_of(const Recipe& recipe) {
   return dir.empty() ? (fs::path("runs") / recipe.run.text("name")).string() : dir;
 }
 
-void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& world) {
+namespace {
+
+// What a run builds before its first step and keeps until its last.
+struct RunParts {
   Context context;
+  torch::Device device = torch::kCPU;
+  bool writer = false;  // only rank 0 writes files and metrics
+  torch::Dtype compute_dtype = torch::kFloat32;
+  std::unique_ptr<Comm> comm;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Dataset> dataset;
+  std::unique_ptr<Strategy> strategy;
+  std::string dataset_name, model_name;
+  int64_t parameter_count = 0;
+  BatchShape shape;
+};
+
+// Set-up: the output directory (locked by rank 0), the process group, the
+// components, and the strategy's hold on the model, checked.
+RunParts set_up(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& world, std::optional<RunLock>& lock) {
+  RunParts run;
+  Context& context = run.context;
   context.output_dir = output_dir_of(recipe);
   context.device = recipe.run.text("device");
   context.seed = static_cast<uint64_t>(recipe.run.integer("seed"));
@@ -198,79 +218,182 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   // Local ranks share the machine's cores instead of each taking all of them.
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   at::set_num_threads(std::max(1, cores / std::max(1, world.local_world_size)));
-  const torch::Device device = device_of(recipe, world);
-  const bool writer = world.rank == 0;  // only rank 0 writes files and metrics
-  std::optional<RunLock> lock;           // held until train() returns
-  if (writer) {
+  run.device = device_of(recipe, world);
+  run.writer = world.rank == 0;
+  if (run.writer) {
     fs::create_directories(context.output_dir);
     lock.emplace(context.output_dir);
     write_file_atomically(fs::path(context.output_dir) / "recipe.toml", recipe.resolved_toml());
   }
-  std::unique_ptr<Comm> comm = connect_comm(recipe, registry, world, device);
+  run.comm = connect_comm(recipe, registry, world, run.device);
 
-  auto model = PluginRegistry::create<Model>(*recipe.model.plugin, recipe.model.options, context);
-  auto dataset = PluginRegistry::create<Dataset>(*recipe.dataset.plugin, recipe.dataset.options, context);
-  auto strategy = PluginRegistry::create<Strategy>(*recipe.strategy.plugin, recipe.strategy.options, context);
-  const std::string dataset_name = recipe.dataset.plugin->descriptor->name;
-  if (dataset->vocab_size() > model->vocab_size()) {
+  run.model = PluginRegistry::create<Model>(*recipe.model.plugin, recipe.model.options, context);
+  run.dataset = PluginRegistry::create<Dataset>(*recipe.dataset.plugin, recipe.dataset.options, context);
+  run.strategy = PluginRegistry::create<Strategy>(*recipe.strategy.plugin, recipe.strategy.options, context);
+  run.dataset_name = recipe.dataset.plugin->descriptor->name;
+  run.model_name = recipe.model.plugin->descriptor->name;
+  if (run.dataset->vocab_size() > run.model->vocab_size()) {
     recipe.model.options.fail("vocab_size", fmt::format("at least the dataset's vocabulary size {}, got {}",
-                                                        dataset->vocab_size(), model->vocab_size()));
+                                                        run.dataset->vocab_size(), run.model->vocab_size()));
   }
-  int64_t parameter_count = 0;
-  for (const NamedParameter& p : model->parameters()) parameter_count += p.tensor.numel();
+  for (const NamedParameter& p : run.model->parameters()) run.parameter_count += p.tensor.numel();
 
-  const torch::Dtype compute_dtype = recipe.training.text("precision") == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-  strategy->setup(*model, *comm, StrategyEnv{device, adamw_of(recipe), compute_dtype});
-  check_state_coverage(*strategy, *model, *comm, device, recipe.strategy.plugin->descriptor->name);
+  run.compute_dtype = recipe.training.text("precision") == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  run.strategy->setup(*run.model, *run.comm, StrategyEnv{run.device, adamw_of(recipe), run.compute_dtype});
+  check_state_coverage(*run.strategy, *run.model, *run.comm, run.device, recipe.strategy.plugin->descriptor->name);
 
-  const MemoryReport memory = strategy->memory();
+  const MemoryReport memory = run.strategy->memory();
   log::info(fmt::format("rank {} holds {} parameter, {} gradient and {} optimizer-state bytes", world.rank,
                         memory.parameter_bytes, memory.gradient_bytes, memory.optimizer_bytes));
-  const BatchShape shape = batch_shape(recipe, comm->world_size());
-  const int64_t global_batch_size = shape.global_batch_size();
+  run.shape = batch_shape(recipe, run.comm->world_size());
+  return run;
+}
+
+// What the loop fixes once: the run's description for loggers and the log.
+RunInfo describe_run(const Recipe& recipe, const RunParts& run) {
+  RunInfo info;
+  info.name = recipe.run.text("name");
+  info.total_steps = recipe.training.integer("steps");
+  info.global_batch_size = run.shape.global_batch_size();
+  info.micro_batch_size = run.shape.micro_batch_size;
+  info.grad_accum_steps = run.shape.grad_accum_steps;
+  info.world_size = run.shape.world_size;
+  info.strategy = recipe.strategy.plugin->descriptor->name;
+  info.parameters = run.parameter_count;
+  info.flops_per_token = run.model->flops_per_token(run.dataset->seq_len());
+  info.peak_flops = recipe.run.real("peak_tflops") * 1e12;
+  if (info.peak_flops == 0.0 && run.device.is_cuda()) {
+    info.peak_flops = measure_matmul_flops(run.device, run.compute_dtype);
+    log::info(fmt::format("measured {} matmul rate: {:.0f} TFLOP/s per rank (MFU is relative to it; "
+                          "run.peak_tflops sets it instead)",
+                          run.compute_dtype == torch::kBFloat16 ? "bf16" : "fp32", info.peak_flops / 1e12));
+  }
+  return info;
+}
+
+// How the loop updates.
+struct UpdateRule {
+  LrSchedule schedule;
+  double max_grad_norm = 0.0;
+  bool skip_nonfinite = false;
+};
+
+// One optimizer step: the whole accumulation window is collated first, so
+// N_t is known before the first backward (contract, point 2); then forward
+// and backward per micro-batch, the reduction, and the update (or a skip).
+// Fills the record's loss, norm, counts and data time.
+StepRecord optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const UpdateRule& rule, int64_t step,
+                          int64_t& applied_updates) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const BatchShape& shape = run.shape;
+  Comm& comm = *run.comm;
+  const std::vector<int64_t> global = sampler.global_batch(step, shape.global_batch_size());
+  std::vector<MicroBatch> micro_batches;
+  for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
+    micro_batches.push_back(
+        collate(*run.dataset, run.dataset_name, local_micro_batch(global, shape, comm.rank(), m), run.device));
+  }
+  StepRecord record;
+  record.data_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  int64_t local_counts[2] = {0, 0};
+  for (const MicroBatch& micro : micro_batches) {
+    local_counts[0] += micro.batch.target_tokens;
+    local_counts[1] += micro.input_tokens;
+  }
+  // Counted on the host; only several ranks need a collective (and a sync).
+  if (comm.world_size() > 1) {
+    torch::Tensor counts = torch::tensor({local_counts[0], local_counts[1]}, torch::kInt64).to(run.device);
+    comm.all_reduce_sum(counts);
+    local_counts[0] = counts[0].item<int64_t>();
+    local_counts[1] = counts[1].item<int64_t>();
+  }
+  const int64_t target_tokens = local_counts[0];
+
+  record.step = step + 1;
+  record.lr = rule.schedule.at(step);
+  record.target_tokens = target_tokens;
+  record.samples = shape.global_batch_size();
+  record.input_tokens = local_counts[1];
+  if (target_tokens == 0) {  // contract, point 7: skip, never divide by zero
+    log::warn(fmt::format("step {}: the global batch has no target tokens; update skipped", step + 1));
+    record.skipped = true;
+    return record;
+  }
+  Strategy& strategy = *run.strategy;
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(run.device));
+  for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
+    const LossSum out = strategy.forward(*run.model, micro_batches[m].batch);
+    if (out.target_tokens != micro_batches[m].batch.target_tokens) {
+      throw TrainingError(fmt::format("model '{}' counted {} target tokens in a micro-batch that has {}",
+                                      run.model_name, out.target_tokens, micro_batches[m].batch.target_tokens));
+    }
+    loss_sum += out.loss_sum.detach().to(torch::kFloat64);
+    // Contract, point 3: divide by N_t once; nothing else scales.
+    strategy.backward(out.loss_sum / static_cast<double>(target_tokens),
+                      MicroStep{m, m == shape.grad_accum_steps - 1, shape.grad_accum_steps, target_tokens});
+  }
+  comm.all_reduce_sum(loss_sum);
+  record.loss = loss_sum.item<double>() / static_cast<double>(target_tokens);
+  record.grad_norm = strategy.reduce_gradients_and_norm();
+  if (!std::isfinite(record.grad_norm) || !std::isfinite(record.loss)) {
+    const std::string what =
+        fmt::format("step {}: non-finite loss {} or gradient norm {}", step + 1, record.loss, record.grad_norm);
+    if (!rule.skip_nonfinite) throw TrainingError(what + " (set training.on_nonfinite = 'skip' to skip such steps)");
+    log::warn(what + "; update skipped");
+    strategy.discard_gradients();
+    record.skipped = true;
+  } else {
+    ++applied_updates;
+    strategy.apply_update(
+        UpdateArgs{record.lr, clip_coefficient(record.grad_norm, rule.max_grad_norm), applied_updates});
+  }
+  return record;
+}
+
+// Every rank stops at the same step: the signal may reach them apart.
+// Reading the flag waits for the step's last kernel (the update), so a
+// step's time ends with the device's work, not only the host's launches.
+bool agree_to_stop(RunParts& run) {
+  torch::Tensor stop = torch::tensor({static_cast<int64_t>(g_stop_signal.load())}, torch::kInt64).to(run.device);
+  if (run.comm->world_size() > 1) run.comm->all_reduce_sum(stop);
+  return stop.item<int64_t>() != 0;
+}
+
+}  // namespace
+
+void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& world) {
+  std::optional<RunLock> lock;  // held until train() returns
+  RunParts run = set_up(recipe, registry, world, lock);
+  const Context& context = run.context;
   const int64_t steps = recipe.training.integer("steps");
-  const double max_grad_norm = recipe.training.real("max_grad_norm");
-  const bool skip_nonfinite = recipe.training.text("on_nonfinite") == "skip";
-  const LrSchedule schedule = schedule_of(recipe);
-  GlobalBatchSampler sampler(context.seed, dataset->size(), dataset->shuffle());
+  const UpdateRule rule{schedule_of(recipe), recipe.training.real("max_grad_norm"),
+                        recipe.training.text("on_nonfinite") == "skip"};
+  GlobalBatchSampler sampler(context.seed, run.dataset->size(), run.dataset->shuffle());
 
   std::vector<std::unique_ptr<Logger>> logger_list;
   for (const ComponentChoice& choice : recipe.loggers) {
-    if (!writer) break;
+    if (!run.writer) break;
     logger_list.push_back(PluginRegistry::create<Logger>(*choice.plugin, choice.options, context));
   }
   LoggerSet loggers(std::move(logger_list));
-  RunInfo info;
-  info.name = recipe.run.text("name");
-  info.total_steps = steps;
-  info.global_batch_size = global_batch_size;
-  info.micro_batch_size = shape.micro_batch_size;
-  info.grad_accum_steps = shape.grad_accum_steps;
-  info.world_size = shape.world_size;
-  info.strategy = recipe.strategy.plugin->descriptor->name;
-  info.parameters = parameter_count;
-  info.flops_per_token = model->flops_per_token(dataset->seq_len());
-  info.peak_flops = recipe.run.real("peak_tflops") * 1e12;
-  if (info.peak_flops == 0.0 && device.is_cuda()) {
-    info.peak_flops = measure_matmul_flops(device, compute_dtype);
-    log::info(fmt::format("measured {} matmul rate: {:.0f} TFLOP/s per rank (MFU is relative to it; "
-                          "run.peak_tflops sets it instead)",
-                          compute_dtype == torch::kBFloat16 ? "bf16" : "fp32", info.peak_flops / 1e12));
-  }
+  RunInfo info = describe_run(recipe, run);
+
+  // Checkpoints, and where this run starts.
   const std::string checkpoint_root = recipe.checkpoint.text("dir").empty()
                                           ? (fs::path(context.output_dir) / "checkpoints").string()
                                           : recipe.checkpoint.text("dir");
   if (fs::exists(checkpoint_root) && !fs::is_directory(checkpoint_root)) {
     recipe.checkpoint.fail("dir", fmt::format("a directory for checkpoints; {} is a file", checkpoint_root));
   }
-  Checkpointer checkpointer(checkpoint_root, recipe.checkpoint.integer("keep"), recipe.fingerprint(global_batch_size),
-                            info.strategy);
+  Checkpointer checkpointer(checkpoint_root, recipe.checkpoint.integer("keep"),
+                            recipe.fingerprint(info.global_batch_size), info.strategy);
   const int64_t interval = recipe.checkpoint.integer("interval");
   TrainingPosition position;
   const std::string resume = recipe.checkpoint.text("resume");
   const std::string from = checkpointer.resolve(resume);
   if (!from.empty()) {
-    position = checkpointer.load(from, *strategy, *model, *comm);
+    position = checkpointer.load(from, *run.strategy, *run.model, *run.comm);
   } else if (resume == "auto") {
     log::info(fmt::format("no checkpoint under {}; starting at step 0", checkpoint_root));
   }
@@ -279,8 +402,8 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   loggers.start(info);
   log::info(fmt::format("training {} parameters for {} steps: global batch {} = micro-batch {} x {} accumulation "
                         "steps x {} ranks, strategy {}, output {}",
-                        parameter_count, steps, global_batch_size, shape.micro_batch_size, shape.grad_accum_steps,
-                        shape.world_size, info.strategy, context.output_dir));
+                        info.parameters, steps, info.global_batch_size, info.micro_batch_size, info.grad_accum_steps,
+                        info.world_size, info.strategy, context.output_dir));
 
   const int64_t profile_start = recipe.run.integer("profile_start");
   if (profile_start > steps) {
@@ -291,97 +414,35 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
     if (!missing.empty()) recipe.run.fail("profile_start", missing);
   }
   StepProfiler profiler(profile_start, std::min(recipe.run.integer("profile_steps"), steps - profile_start + 1),
-                        (fs::path(context.output_dir) / "profile" / "trace.json").string(), device);
+                        (fs::path(context.output_dir) / "profile" / "trace.json").string(), run.device);
+
+  // The steps: update, agree on stopping, record, checkpoint.
   using Clock = std::chrono::steady_clock;
   const Clock::time_point run_start = Clock::now();
   int64_t applied_updates = position.applied_updates;  // Adam's step count: once per applied optimizer step
   for (int64_t step = position.step; step < steps; ++step) {
     profiler.step_begins(step + 1);
     const Clock::time_point step_start = Clock::now();
-    reset_memory_peaks(device);
-    // Prefetch the whole accumulation window so N_t is known before the
-    // first backward (contract, point 2).
-    const std::vector<int64_t> global = sampler.global_batch(step, global_batch_size);
-    std::vector<MicroBatch> micro_batches;
-    for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
-      micro_batches.push_back(collate(*dataset, dataset_name, local_micro_batch(global, shape, comm->rank(), m), device));
-    }
-    const double data_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
-    int64_t local_counts[2] = {0, 0};
-    for (const MicroBatch& micro : micro_batches) {
-      local_counts[0] += micro.batch.target_tokens;
-      local_counts[1] += micro.input_tokens;
-    }
-    // Counted on the host; only several ranks need a collective (and a sync).
-    if (comm->world_size() > 1) {
-      torch::Tensor counts = torch::tensor({local_counts[0], local_counts[1]}, torch::kInt64).to(device);
-      comm->all_reduce_sum(counts);
-      local_counts[0] = counts[0].item<int64_t>();
-      local_counts[1] = counts[1].item<int64_t>();
-    }
-    const int64_t target_tokens = local_counts[0];
-
-    StepRecord record;
-    record.step = step + 1;
-    record.lr = schedule.at(step);
-    record.target_tokens = target_tokens;
-    record.samples = global_batch_size;
-    record.input_tokens = local_counts[1];
-    if (target_tokens == 0) {  // contract, point 7: skip, never divide by zero
-      log::warn(fmt::format("step {}: the global batch has no target tokens; update skipped", step + 1));
-      record.skipped = true;
-    } else {
-      torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
-      for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
-        const LossSum out = strategy->forward(*model, micro_batches[m].batch);
-        if (out.target_tokens != micro_batches[m].batch.target_tokens) {
-          throw TrainingError(fmt::format("model '{}' counted {} target tokens in a micro-batch that has {}",
-                                          recipe.model.plugin->descriptor->name, out.target_tokens,
-                                          micro_batches[m].batch.target_tokens));
-        }
-        loss_sum += out.loss_sum.detach().to(torch::kFloat64);
-        // Contract, point 3: divide by N_t once; nothing else scales.
-        strategy->backward(out.loss_sum / static_cast<double>(target_tokens),
-                           MicroStep{m, m == shape.grad_accum_steps - 1, shape.grad_accum_steps, target_tokens});
-      }
-      comm->all_reduce_sum(loss_sum);
-      record.loss = loss_sum.item<double>() / static_cast<double>(target_tokens);
-      record.grad_norm = strategy->reduce_gradients_and_norm();
-      if (!std::isfinite(record.grad_norm) || !std::isfinite(record.loss)) {
-        const std::string what = fmt::format("step {}: non-finite loss {} or gradient norm {}", step + 1,
-                                             record.loss, record.grad_norm);
-        if (!skip_nonfinite) throw TrainingError(what + " (set training.on_nonfinite = 'skip' to skip such steps)");
-        log::warn(what + "; update skipped");
-        strategy->discard_gradients();
-        record.skipped = true;
-      } else {
-        ++applied_updates;
-        strategy->apply_update(UpdateArgs{record.lr, clip_coefficient(record.grad_norm, max_grad_norm), applied_updates});
-      }
-    }
-    // Every rank stops at the same step: the signal may reach them apart.
-    // Reading the flag waits for the step's last kernel (the update), so the
-    // step's time below is the device's, not only the host's launches.
-    torch::Tensor stop = torch::tensor({static_cast<int64_t>(g_stop_signal.load())}, torch::kInt64).to(device);
-    if (comm->world_size() > 1) comm->all_reduce_sum(stop);
-    const bool stopping = stop.item<int64_t>() != 0;
+    reset_memory_peaks(run.device);
+    StepRecord record = optimizer_step(run, sampler, rule, step, applied_updates);
+    const bool stopping = agree_to_stop(run);
     const Clock::time_point step_end = Clock::now();
     profiler.step_ended(step + 1);
     record.step_seconds = std::chrono::duration<double>(step_end - step_start).count();
     record.elapsed_seconds = std::chrono::duration<double>(step_end - run_start).count();
-    record.data_seconds = data_seconds;
     record.tokens_per_second = record.step_seconds > 0 ? record.input_tokens / record.step_seconds : 0.0;
     record.mfu = info.flops_per_token > 0 && info.peak_flops > 0
-                     ? info.flops_per_token * record.tokens_per_second / (info.peak_flops * comm->world_size())
+                     ? info.flops_per_token * record.tokens_per_second / (info.peak_flops * run.comm->world_size())
                      : std::numeric_limits<double>::quiet_NaN();
-    const MemoryPeaks peaks = memory_peaks(device);
+    const MemoryPeaks peaks = memory_peaks(run.device);
     record.memory_allocated_bytes = peaks.allocated_bytes;
     record.memory_reserved_bytes = peaks.reserved_bytes;
     record.rss_bytes = peaks.rss_bytes;
     loggers.log(record);
 
     if ((interval > 0 && (step + 1) % interval == 0) || stopping) {
-      const std::string dir = checkpointer.save(*strategy, *model, *comm, TrainingPosition{step + 1, applied_updates});
+      const std::string dir =
+          checkpointer.save(*run.strategy, *run.model, *run.comm, TrainingPosition{step + 1, applied_updates});
       log::info(fmt::format("checkpoint {} written", dir));
     }
     if (stopping) {
@@ -390,9 +451,10 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
                                   step + 1));
     }
   }
-  write_memory_report(*strategy, *comm, device, fs::path(context.output_dir) / "memory.json", writer);
-  write_summary(*strategy, *comm, device, fs::path(context.output_dir) / "summary.json", writer, steps, applied_updates);
-  write_final_weights(*model, *strategy, *comm, device, context.output_dir, writer);
+  const fs::path out(context.output_dir);
+  write_memory_report(*run.strategy, *run.comm, run.device, out / "memory.json", run.writer);
+  write_summary(*run.strategy, *run.comm, run.device, out / "summary.json", run.writer, steps, applied_updates);
+  write_final_weights(*run.model, *run.strategy, *run.comm, run.device, context.output_dir, run.writer);
 }
 
 }  // namespace trainer
