@@ -12,7 +12,7 @@ checks that both produce the same ids (EOS after each document, as
 Where `tokenizers` is installed (the GPU machine):
 
     python3 bench/tokenize_bench.py --trainer build-gpu/bin/trainer \\
-        --tokenizer .deps/tokenizer-qwen3 [--mb 50]
+        --tokenizer .cache/tokenizers/qwen3 [--mb 50]
 """
 import argparse
 import json

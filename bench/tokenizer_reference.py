@@ -10,7 +10,7 @@ ids, the tokenizer file's SHA-256 and the library's version as JSON: the
 expected output the C++ tokenizer is tested against. Where `tokenizers` is
 installed (the GPU machine):
 
-    python3 bench/tokenizer_reference.py --tokenizer .deps/tokenizer-qwen3/tokenizer.json \\
+    python3 bench/tokenizer_reference.py --tokenizer .cache/tokenizers/qwen3/tokenizer.json \\
         --out tests/data/tokenizer/qwen3-expected.json
 """
 import argparse
