@@ -20,16 +20,18 @@ namespace fs = std::filesystem;
 void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, const fs::path& file, bool writer) {
   const MemoryReport mine = strategy.memory();
   torch::Tensor local = torch::tensor({mine.parameter_bytes, mine.gradient_bytes, mine.optimizer_bytes,
-                                       mine.peak_gathered_parameter_bytes}, torch::kInt64).to(device);
-  torch::Tensor all = torch::zeros({4 * comm.world_size()}, local.options());
+                                       mine.peak_gathered_parameter_bytes, mine.peak_transient_gradient_bytes},
+                                      torch::kInt64).to(device);
+  constexpr int kFields = 5;
+  torch::Tensor all = torch::zeros({kFields * comm.world_size()}, local.options());
   comm.all_gather(local, all);
   if (!writer) return;
   all = all.cpu();
   Json ranks = Json::array();
   for (int r = 0; r < comm.world_size(); ++r) {
-    const auto v = [&](int k) { return all[4 * r + k].item<int64_t>(); };
+    const auto v = [&](int k) { return all[kFields * r + k].item<int64_t>(); };
     ranks.push_back(Json{{"rank", r}, {"parameter_bytes", v(0)}, {"gradient_bytes", v(1)}, {"optimizer_bytes", v(2)},
-                         {"peak_gathered_parameter_bytes", v(3)}});
+                         {"peak_gathered_parameter_bytes", v(3)}, {"peak_transient_gradient_bytes", v(4)}});
   }
   write_file_atomically(file, ranks.dump(1) + "\n");
 }

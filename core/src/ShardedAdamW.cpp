@@ -1,5 +1,7 @@
 #include "trainer/ShardedAdamW.h"
 
+#include <algorithm>
+
 namespace trainer {
 
 ShardedAdamW ShardedAdamW::viewing(std::vector<ParameterGroup>& groups, const Comm& comm) {
@@ -28,6 +30,33 @@ void ShardedAdamW::add_group(const Shard& shard, const Shard& owned, bool decay,
   g.state = adamw_init(values.narrow(0, 0, owned.numel));
   g.values = std::move(values);
   groups_.push_back(std::move(g));
+}
+
+ShardReduction ShardedAdamW::reduce_to_owners(Comm& comm, size_t group, int64_t begin, const torch::Tensor& bucket) {
+  OptimizerShard& g = groups_.at(group);
+  const int64_t per_rank = g.shard.numel;  // every rank's shard is as large; rank r's starts at r * per_rank
+  const int64_t end = begin + bucket.numel();
+  ShardReduction reduction;
+  if (per_rank == 0) return reduction;
+  for (int64_t owner = begin / per_rank; owner * per_rank < end; ++owner) {
+    const int64_t from = std::max(begin, owner * per_rank);
+    const int64_t to = std::min(end, (owner + 1) * per_rank);
+    torch::Tensor part = bucket.narrow(0, from - begin, to - from);
+    reduction.works_.push_back(comm.reduce_sum_async(part, static_cast<int>(owner)));
+    if (owner == comm.rank()) {
+      reduction.mine_ = part;
+      reduction.into_ = g.gradient.narrow(0, from - g.shard.offset, to - from);
+    }
+  }
+  return reduction;
+}
+
+void ShardReduction::finish() {
+  for (std::unique_ptr<CommWork>& work : works_) work->wait();
+  works_.clear();
+  torch::NoGradGuard no_grad;
+  if (mine_.defined()) into_.add_(mine_);  // widened exactly when reduced in bf16
+  mine_ = into_ = torch::Tensor();
 }
 
 double ShardedAdamW::gradient_norm(Comm& comm) const {

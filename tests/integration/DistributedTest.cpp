@@ -63,12 +63,17 @@ TEST(Distributed, TwoRanksTrainLikeOneProcess) {
   // Same global batch of 8: 4 per rank, or 2 per micro-step x 2 accumulation
   // steps with per-parameter buckets reduced during backward.
   const std::vector<double> two = losses("Dist2", steps + "--set training.micro_batch_size=4 --nproc 2");
-  const std::vector<double> overlapped =
-      losses("Dist2Overlap", steps + "--set training.micro_batch_size=2 --set training.grad_accum_steps=2 "
-                                     "--set strategy.overlap=true --set strategy.bucket_mb=0.01 --nproc 2");
+  const std::string accumulated = steps + "--set training.micro_batch_size=2 --set training.grad_accum_steps=2 "
+                                          "--set strategy.bucket_mb=0.01 --nproc 2";
+  const std::vector<double> overlapped = losses("Dist2Overlap", accumulated);  // overlap is the default
   // fp32 sums in another order (per rank, then across ranks); seen ~1e-7.
   expect_close(two, one, 1e-5, "2 ranks");
   expect_close(overlapped, one, 1e-5, "2 ranks, overlap");
+  // Overlap changes when each bucket's all-reduce starts, never what it sums: the same bits, in fp32 and in bf16.
+  EXPECT_EQ(losses("Dist2AtTheBoundary", accumulated + " --set strategy.overlap=false"), overlapped);
+  const std::vector<double> bf16 = losses("Dist2Bf16Overlap", accumulated + " --set strategy.reduce_dtype=bf16");
+  EXPECT_EQ(losses("Dist2Bf16AtTheBoundary", accumulated + " --set strategy.reduce_dtype=bf16 --set strategy.overlap=false"), bf16);
+  expect_close(bf16, one, 1e-2, "2 ranks, bf16 all-reduce");  // bf16 sums: 8 significant bits
 }
 
 TEST(Distributed, KilledWorkerEndsTheJobNamingTheRank) {

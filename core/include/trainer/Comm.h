@@ -54,6 +54,9 @@ class Comm : public Component {
   /// output's r-th slice.
   virtual std::unique_ptr<CommWork> all_gather_async(torch::Tensor input, torch::Tensor output) = 0;
   virtual std::unique_ptr<CommWork> broadcast_async(torch::Tensor tensor, int root) = 0;
+  /// In place on `root`: tensor = sum over ranks of tensor. What the other
+  /// ranks' tensor holds afterwards is unspecified.
+  virtual std::unique_ptr<CommWork> reduce_sum_async(torch::Tensor tensor, int root) = 0;
   virtual void barrier() = 0;
 
   void all_reduce_sum(torch::Tensor tensor) { all_reduce_sum_async(tensor)->wait(); }
@@ -64,6 +67,7 @@ class Comm : public Component {
     all_gather_async(input, output)->wait();
   }
   void broadcast(torch::Tensor tensor, int root) { broadcast_async(tensor, root)->wait(); }
+  void reduce_sum(torch::Tensor tensor, int root) { reduce_sum_async(tensor, root)->wait(); }
 };
 
 /// A group of one process: every collective is the identity. Used at world

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <torch/types.h>
@@ -29,6 +30,19 @@ struct OptimizerShard {
   AdamWState state;        ///< owned.numel elements
 };
 
+/// A bucket of one group's full gradient on its way to the ranks whose
+/// shards hold its elements; finish() waits for it and adds this rank's part
+/// into its accumulator.
+class ShardReduction {
+ public:
+  void finish();
+
+ private:
+  friend class ShardedAdamW;
+  std::vector<std::unique_ptr<CommWork>> works_;
+  torch::Tensor mine_, into_;
+};
+
 class ShardedAdamW {
  public:
   /// For strategies whose every rank keeps the full fp32 parameters (flat
@@ -43,6 +57,12 @@ class ShardedAdamW {
 
   std::vector<OptimizerShard>& groups() { return groups_; }
   const std::vector<OptimizerShard>& groups() const { return groups_; }
+
+  /// Collective (every rank passes the same range): `bucket` holds elements
+  /// [begin, begin + bucket.numel()) of group `group`'s padded flat
+  /// gradient; each owner's part of it is reduced to that owner, one reduce
+  /// per owner, in shard order.
+  ShardReduction reduce_to_owners(Comm& comm, size_t group, int64_t begin, const torch::Tensor& bucket);
 
   /// Collective: the L2 norm of the whole gradient (every rank's owned
   /// elements), the same on every rank.

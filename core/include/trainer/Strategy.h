@@ -45,6 +45,7 @@ struct MemoryReport {
   int64_t gradient_bytes = 0;
   int64_t optimizer_bytes = 0;                ///< master weights (if separate) + Adam moments
   int64_t peak_gathered_parameter_bytes = 0;  ///< zero3: largest live gathered units
+  int64_t peak_transient_gradient_bytes = 0;  ///< zero2: most full-gradient bucket bytes live at once in backward
 };
 
 /// A piece of the flat layout that flatten_parameters() defines (group

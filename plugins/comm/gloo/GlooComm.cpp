@@ -1,6 +1,8 @@
 // Comm `gloo`: collectives on CPU tensors through LibTorch's c10d Gloo
 // process group. LibTorch 1.13's Gloo group has no reduce-scatter; it is
-// composed from an all-reduce (see reduce_scatter_sum_async).
+// composed from an all-reduce (see reduce_scatter_sum_async). Gloo sums no
+// bf16 or fp16: such tensors are summed as fp32 copies and rounded back
+// once (the bytes of fp32 on the wire, a sum at least as exact as a bf16 one).
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -60,8 +62,9 @@ class GlooComm final : public Comm {
   int world_size() const override { return world_size_; }
 
   std::unique_ptr<CommWork> all_reduce_sum_async(torch::Tensor tensor) override {
-    std::vector<at::Tensor> tensors{tensor};
-    return std::make_unique<GlooWork>(group_->allreduce(tensors), "all-reduce", timeout_);
+    torch::Tensor summed = summable(tensor);
+    std::vector<at::Tensor> tensors{summed};
+    return std::make_unique<GlooWork>(group_->allreduce(tensors), "all-reduce", timeout_, copy_back(summed, tensor));
   }
 
   std::unique_ptr<CommWork> reduce_scatter_sum_async(torch::Tensor input, torch::Tensor output) override {
@@ -69,7 +72,7 @@ class GlooComm final : public Comm {
     // Composed: all-reduce a copy of the whole input, keep this rank's
     // slice. Costs world_size times the bandwidth of a native one, but is
     // exact: the sum is the same sum.
-    torch::Tensor whole = input.clone();
+    torch::Tensor whole = is_narrow(input) ? input.to(torch::kFloat32) : input.clone();
     std::vector<at::Tensor> tensors{whole};
     const int64_t offset = rank_ * output.numel();
     return std::make_unique<GlooWork>(group_->allreduce(tensors), "reduce-scatter", timeout_,
@@ -93,9 +96,31 @@ class GlooComm final : public Comm {
     return std::make_unique<GlooWork>(group_->broadcast(tensors, options), "broadcast", timeout_);
   }
 
+  std::unique_ptr<CommWork> reduce_sum_async(torch::Tensor tensor, int root) override {
+    torch::Tensor summed = summable(tensor);
+    std::vector<at::Tensor> tensors{summed};
+    c10d::ReduceOptions options;
+    options.rootRank = root;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    return std::make_unique<GlooWork>(group_->reduce(tensors, options), "reduce", timeout_,
+                                      copy_back(summed, tensor));
+  }
+
   void barrier() override { GlooWork(group_->barrier(), "barrier", timeout_).wait(); }
 
  private:
+  static bool is_narrow(const torch::Tensor& t) {
+    return t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
+  }
+  // The tensor gloo sums: `tensor` itself, or an fp32 copy of a bf16/fp16 one.
+  static torch::Tensor summable(const torch::Tensor& tensor) {
+    return is_narrow(tensor) ? tensor.to(torch::kFloat32) : tensor;
+  }
+  static std::function<void()> copy_back(torch::Tensor summed, torch::Tensor tensor) {
+    if (summed.is_same(tensor)) return {};
+    return [summed, tensor]() mutable { tensor.copy_(summed); };
+  }
+
   void check_sizes(const torch::Tensor& whole, const torch::Tensor& part, const char* what) const {
     if (whole.numel() != part.numel() * world_size_ || whole.scalar_type() != part.scalar_type()) {
       throw std::invalid_argument(fmt::format("gloo {}: {} elements are not world size {} x {} of the same dtype",

@@ -136,6 +136,12 @@ class NcclComm final : public Comm {
     });
   }
 
+  std::unique_ptr<CommWork> reduce_sum_async(torch::Tensor t, int root) override {
+    return launch("reduce", {t}, [&](cudaStream_t s) {
+      return ncclReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t), ncclSum, root, comm_, s);
+    });
+  }
+
   void barrier() override {
     torch::Tensor one = torch::ones({1}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
     all_reduce_sum_async(one)->wait();

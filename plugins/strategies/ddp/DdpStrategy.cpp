@@ -4,19 +4,14 @@
 // bit for bit at world size 1.
 //
 // Buckets hold whole parameters, in reverse model order (backward produces
-// the last layers' gradients first). With overlap = true, a bucket's
-// all-reduce starts from an autograd hook on the last micro-step as soon as
-// all its parameters' gradients are final; otherwise all buckets start at
-// the boundary. The sums are the same either way.
+// the last layers' gradients first). With overlap = true (the default), a
+// bucket's all-reduce starts from an autograd hook on the last micro-step as
+// soon as all its parameters' gradients are final; otherwise all buckets
+// start at the boundary. The sums are the same either way.
 #include <cmath>
-#include <map>
-#include <mutex>
-
-#include <fmt/format.h>
-#include <torch/csrc/autograd/functions/accumulate_grad.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include "trainer/FlatParameters.h"
+#include "trainer/GradientBuckets.h"
 #include "trainer/Strategy.h"
 
 namespace {
@@ -24,9 +19,8 @@ namespace {
 using namespace trainer;
 
 struct Bucket {
-  torch::Tensor grads;    // a contiguous view of one group's flat fp32 gradient buffer
-  int parameters = 0;   // how many parameters' gradients it holds
-  int ready = 0;        // of those, final in this step's last backward
+  torch::Tensor grads;   // a contiguous view of one group's flat fp32 gradient buffer
+  torch::Tensor narrow;  // its bf16 copy in flight, with reduce_dtype = 'bf16'
   std::unique_ptr<CommWork> work;
 };
 
@@ -35,9 +29,7 @@ class DdpStrategy final : public Strategy {
   explicit DdpStrategy(const Options& options)
       : bucket_bytes_(static_cast<int64_t>(options.real("bucket_mb") * 1024 * 1024)),
         overlap_(options.boolean("overlap")),
-        reduce_bf16_(options.text("reduce_dtype") == "bf16") {
-    if (overlap_ && reduce_bf16_) options.fail("overlap", "false with reduce_dtype = 'bf16'");
-  }
+        reduce_bf16_(options.text("reduce_dtype") == "bf16") {}
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
     comm_ = &comm;
@@ -52,31 +44,30 @@ class DdpStrategy final : public Strategy {
       bind_gradients(group, grads_.back());
       states_.push_back(adamw_init(group.values));
     }
-    build_buckets();
+    layout_ = GradientBuckets(groups_, std::max<int64_t>(1, bucket_bytes_ / 4));
+    for (const GradientBucket& bucket : layout_.buckets()) {
+      buckets_.push_back(Bucket{grads_[bucket.group].narrow(0, bucket.begin, bucket.numel()), {}, nullptr});
+    }
+    // A bucket's all-reduce starts as soon as its gradients are final (the hook runs on the autograd thread).
+    if (overlap_) layout_.hook(groups_, nullptr, [this](size_t b) { start(buckets_[b]); });
   }
 
-
   void backward(const torch::Tensor& loss, const MicroStep& micro) override {
-    armed_ = overlap_ && micro.is_last && comm_->world_size() > 1;
+    layout_.arm(overlap_ && micro.is_last && comm_->world_size() > 1);
     loss.backward();
-    armed_ = false;
+    layout_.arm(false);
   }
 
   double reduce_gradients_and_norm() override {
     torch::NoGradGuard no_grad;
     for (Bucket& bucket : buckets_) {
-      if (reduce_bf16_) {
-        torch::Tensor narrow = bucket.grads.to(torch::kBFloat16);
-        comm_->all_reduce_sum(narrow);
-        bucket.grads.copy_(narrow);
-      } else if (!bucket.work) {
-        bucket.work = comm_->all_reduce_sum_async(bucket.grads);
-      }
+      if (!bucket.work) start(bucket);
     }
     for (Bucket& bucket : buckets_) {
-      if (bucket.work) bucket.work->wait();
+      bucket.work->wait();
       bucket.work.reset();
-      bucket.ready = 0;
+      if (bucket.narrow.defined()) bucket.grads.copy_(bucket.narrow);
+      bucket.narrow = torch::Tensor();
     }
     double squares = 0.0;
     for (const torch::Tensor& grads : grads_) squares += squared_norm(grads);
@@ -135,53 +126,12 @@ class DdpStrategy final : public Strategy {
   }
 
  private:
-  void build_buckets() {
-    const int64_t bucket_numel = std::max<int64_t>(1, bucket_bytes_ / 4);
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      const std::vector<ParameterSlot>& slots = groups_[g].slots;
-      int64_t end = groups_[g].numel;  // buckets grow backwards from the buffer's end
-      int64_t begin = end;
-      int count = 0;
-      for (size_t i = slots.size(); i-- > 0;) {
-        if (count > 0 && end - slots[i].offset > bucket_numel) {
-          add_bucket(g, begin, end, count);
-          end = begin;
-          count = 0;
-        }
-        begin = slots[i].offset;
-        bucket_of_[slots[i].param.unsafeGetTensorImpl()] = buckets_.size();
-        ++count;
-      }
-      if (count > 0) add_bucket(g, begin, end, count);
-    }
-    if (!overlap_) return;
-    for (const ParameterGroup& group : groups_) {
-      for (const ParameterSlot& slot : group.slots) {
-        const size_t index = bucket_of_.at(slot.param.unsafeGetTensorImpl());
-        std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(slot.param);
-        accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-            [this, index](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-              on_gradient_ready(index);
-              return outputs;
-            }));
-        accumulators_.push_back(std::move(accumulator));  // the hooks live as long as their nodes
-      }
-    }
-  }
-
-  void add_bucket(size_t group, int64_t begin, int64_t end, int count) {
-    Bucket bucket;
-    bucket.grads = grads_[group].narrow(0, begin, end - begin);
-    bucket.parameters = count;
-    buckets_.push_back(std::move(bucket));
-  }
-
-  // Runs on the autograd thread after a parameter's gradient was added.
-  void on_gradient_ready(size_t index) {
-    if (!armed_) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    Bucket& bucket = buckets_[index];
-    if (++bucket.ready == bucket.parameters && !bucket.work) {
+  void start(Bucket& bucket) {
+    torch::NoGradGuard no_grad;
+    if (reduce_bf16_) {
+      bucket.narrow = bucket.grads.to(torch::kBFloat16);
+      bucket.work = comm_->all_reduce_sum_async(bucket.narrow);
+    } else {
       bucket.work = comm_->all_reduce_sum_async(bucket.grads);
     }
   }
@@ -189,21 +139,18 @@ class DdpStrategy final : public Strategy {
   int64_t bucket_bytes_;
   bool overlap_;
   bool reduce_bf16_;
-  bool armed_ = false;
   Comm* comm_ = nullptr;
   AdamWConfig adamw_;
   std::vector<ParameterGroup> groups_;
   std::vector<torch::Tensor> grads_;  // fp32 accumulators, bound as the parameters' .grad
   std::vector<AdamWState> states_;
-  std::vector<Bucket> buckets_;
-  std::map<const void*, size_t> bucket_of_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::mutex mutex_;
+  GradientBuckets layout_;
+  std::vector<Bucket> buckets_;  // layout_'s, in its order
 };
 
 constexpr KeySpec kKeys[] = {
     {"bucket_mb", ValueType::Float, "25.0", "gradient bytes per all-reduce bucket (whole parameters)", 1e-6, 1e6},
-    {"overlap", ValueType::Bool, "false", "start each bucket's all-reduce during the last backward"},
+    {"overlap", ValueType::Bool, "true", "start each bucket's all-reduce during the last backward"},
     {"reduce_dtype", ValueType::String, "'fp32'", "dtype of the gradient all-reduce", -kNoLimit, kNoLimit, "fp32|bf16"},
 };
 

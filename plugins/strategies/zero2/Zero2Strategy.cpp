@@ -2,14 +2,20 @@
 //
 //   state        | per rank
 //   parameters   | full (fp32)
-//   gradients    | 1/world: an fp32 shard accumulator; the full gradient of
-//                | one micro-step exists only during its backward
+//   gradients    | 1/world: an fp32 shard accumulator; during backward at
+//                | most two buckets of the full gradient (and a tied head's)
 //   AdamW m, v   | 1/world
 //
-// Every micro-step's gradient is reduce-scattered and *added* into the
-// shard accumulator, from the first micro-step of the window to the last;
-// the accumulator is zeroed only after the update (or a discarded step).
+// In every micro-step's backward each bucket of whole parameters gets an
+// fp32 buffer as its parameters' .grad just before its gradients arrive;
+// once they are final it is reduced to the ranks whose shards hold it and
+// *added* into their accumulators (StreamedGradients). The accumulator is
+// zeroed only after the update (or a discarded step).
+#include <algorithm>
+#include <memory>
+
 #include "trainer/FlatParameters.h"
+#include "trainer/GradientBuckets.h"
 #include "trainer/ShardedAdamW.h"
 #include "trainer/Strategy.h"
 
@@ -20,7 +26,8 @@ using namespace trainer;
 class Zero2Strategy final : public Strategy {
  public:
   explicit Zero2Strategy(const Options& options)
-      : reduce_dtype_(options.text("reduce_dtype") == "bf16" ? torch::kBFloat16 : torch::kFloat32) {}
+      : reduce_dtype_(options.text("reduce_dtype") == "bf16" ? torch::kBFloat16 : torch::kFloat32),
+        bucket_numel_(std::max<int64_t>(1, static_cast<int64_t>(options.real("bucket_mb") * 1024 * 1024 / 4))) {}
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
     comm_ = &comm;
@@ -28,27 +35,17 @@ class Zero2Strategy final : public Strategy {
     groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/comm.world_size(), torch::kFloat32,
                                  env.compute_dtype);
     optimizer_ = ShardedAdamW::viewing(groups_, comm);
+    gradients_ = std::make_unique<StreamedGradients>(
+        groups_, bucket_numel_, [this](const GradientBucket& bucket, const torch::Tensor& buffer) {
+          // Reduced in reduce_dtype (fp32 by default), then added into the fp32 accumulator.
+          const torch::Tensor sent = reduce_dtype_ == torch::kFloat32 ? buffer : buffer.to(reduce_dtype_);
+          auto reduction = std::make_shared<ShardReduction>(
+              optimizer_.reduce_to_owners(*comm_, bucket.group, bucket.begin, sent));
+          return [reduction] { reduction->finish(); };
+        });
   }
 
-  void backward(const torch::Tensor& loss, const MicroStep&) override {
-    // A full fp32 gradient buffer, and its reduced shard, for this micro-step
-    // only (bf16 gradients are widened exactly as autograd adds them).
-    std::vector<torch::Tensor> full;
-    for (ParameterGroup& group : groups_) {
-      full.push_back(torch::zeros_like(group.values));
-      bind_gradients(group, full.back());
-    }
-    loss.backward();
-    torch::NoGradGuard no_grad;
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      // Reduced in reduce_dtype (fp32 by default), then added into the fp32 accumulator.
-      torch::Tensor& accumulated = optimizer_.groups()[g].gradient;
-      torch::Tensor reduced = torch::empty_like(accumulated, reduce_dtype_);
-      comm_->reduce_scatter_sum(full[g].to(reduce_dtype_), reduced);
-      accumulated.add_(reduced);
-      for (ParameterSlot& slot : groups_[g].slots) slot.param.mutable_grad() = torch::Tensor();
-    }
-  }
+  void backward(const torch::Tensor& loss, const MicroStep&) override { gradients_->backward(loss); }
 
   double reduce_gradients_and_norm() override { return optimizer_.gradient_norm(*comm_); }
 
@@ -64,6 +61,7 @@ class Zero2Strategy final : public Strategy {
     MemoryReport report;
     report.gradient_bytes = optimizer_.gradient_bytes();
     report.optimizer_bytes = optimizer_.moment_bytes();
+    report.peak_transient_gradient_bytes = gradients_->peak_bytes();
     for (const ParameterGroup& group : groups_) {
       report.parameter_bytes += group.compute.numel() * group.compute.element_size();
       // the fp32 master weights, when parameters compute in bf16
@@ -79,15 +77,17 @@ class Zero2Strategy final : public Strategy {
 
  private:
   torch::Dtype reduce_dtype_;
+  int64_t bucket_numel_;
   Comm* comm_ = nullptr;
   AdamWConfig adamw_;
   std::vector<ParameterGroup> groups_;
   ShardedAdamW optimizer_;
+  std::unique_ptr<StreamedGradients> gradients_;
 };
 
 constexpr KeySpec kKeys[] = {
-    {"reduce_dtype", ValueType::String, "'fp32'", "dtype of each micro-step's reduce-scatter", -kNoLimit, kNoLimit,
-     "fp32|bf16"},
+    {"reduce_dtype", ValueType::String, "'fp32'", "dtype of each bucket's reduce", -kNoLimit, kNoLimit, "fp32|bf16"},
+    {"bucket_mb", ValueType::Float, "25.0", "full-gradient bytes per bucket (whole parameters)", 1e-6, 1e6},
 };
 
 Component* create(const Options& options, const Context&) { return new Zero2Strategy(options); }

@@ -62,6 +62,12 @@ class @CLASS@ final : public Comm {
     return std::make_unique<Done>();
   }
 
+  std::unique_ptr<CommWork> reduce_sum_async(torch::Tensor tensor, int root) override {
+    const std::vector<torch::Tensor> all = exchange(tensor, "reduce");
+    if (rank_ == root) tensor.copy_(sum(all));
+    return std::make_unique<Done>();
+  }
+
   void barrier() override { exchange(torch::zeros({1}), "barrier"); }
 
  private:
