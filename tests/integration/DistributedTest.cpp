@@ -1,5 +1,5 @@
 // Several processes: the same global batch trains the same at 1 and 2 ranks;
-// a dead worker ends the job naming its rank with no worker left behind; a
+// communication latency changes no bits; a dead worker ends the job naming its rank with no worker left behind; a
 // busy port and mismatched recipes are clear errors.
 #include <gtest/gtest.h>
 
@@ -74,6 +74,29 @@ TEST(Distributed, TwoRanksTrainLikeOneProcess) {
   const std::vector<double> bf16 = losses("Dist2Bf16Overlap", accumulated + " --set strategy.reduce_dtype=bf16");
   EXPECT_EQ(losses("Dist2Bf16AtTheBoundary", accumulated + " --set strategy.reduce_dtype=bf16 --set strategy.overlap=false"), bf16);
   expect_close(bf16, one, 1e-2, "2 ranks, bf16 all-reduce");  // bf16 sums: 8 significant bits
+}
+
+// A simulated network (tests/fixtures/DelayedComm.cpp: every collective
+// completes 20 ms after it starts, however early it is waited for) changes
+// when results arrive, never what they are: each strategy trains the same
+// bits over it as over plain gloo, overlapping or not.
+TEST(Distributed, CommunicationLatencyChangesNoBits) {
+  const std::string delayed = std::string(TRAINER_FIXTURE_DIR) + "/comm/trainer-comm-delayed-gloo.so";
+  const std::string base = "--set training.steps=4 --set training.micro_batch_size=2 --set training.grad_accum_steps=2 "
+                           "--nproc 2 --set strategy.name=";
+  const std::vector<std::pair<std::string, std::string>> strategies = {
+      {"ddp_overlap", "ddp --set strategy.bucket_mb=0.02"},
+      {"ddp_boundary", "ddp --set strategy.bucket_mb=0.02 --set strategy.overlap=false"},
+      {"zero2", "zero2 --set strategy.bucket_mb=0.02"},
+      {"zero3", "zero3"}};
+  for (const auto& [name, strategy] : strategies) {
+    const std::vector<double> plain = losses("Latency_plain_" + name, base + strategy);
+    setenv("TRAINER_COMM_DELAY_MS", "20", 1);
+    const std::vector<double> late = losses("Latency_delayed_" + name, base + strategy + " --set distributed.backend=" + delayed);
+    unsetenv("TRAINER_COMM_DELAY_MS");
+    ASSERT_EQ(plain.size(), 4u) << name;
+    EXPECT_EQ(late, plain) << name;
+  }
 }
 
 TEST(Distributed, KilledWorkerEndsTheJobNamingTheRank) {
