@@ -11,7 +11,7 @@ step time of the steps after the first two, the time the delay added, and
 that time in units of the delay (the latencies a step exposes). The losses
 of the two runs must be identical (the delay changes timing only).
 
-    python3 bench/overlap_cpu.py [--trainer build/bin/trainer] [--delay-ms 50]
+    python3 bench/overlap_cpu.py [--trainer build/bin/trainer] [--delay-ms 50] [--only ddp]
 """
 import argparse
 import json
@@ -54,6 +54,7 @@ def main():
     parser.add_argument("--fixture", default=os.path.join(ROOT, "build/test-fixtures/comm/trainer-comm-delayed-gloo.so"))
     parser.add_argument("--delay-ms", type=float, default=50)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--only", default="", help="run only the rows whose strategy is this (e.g. ddp)")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="overlap-cpu-")
     print(f"quickstart recipe, 2 ranks on {os.cpu_count()} cores, gloo, injected latency {args.delay_ms:g} ms "
@@ -61,6 +62,8 @@ def main():
     print("| strategy | step ms, no delay | step ms, delay | added ms | added / delay | same losses |")
     print("| --- | ---: | ---: | ---: | ---: | --- |")
     for i, (label, strategy, overrides) in enumerate(ARMS):
+        if args.only and strategy != args.only:
+            continue
         fast, losses = run(args.trainer, args.fixture, work, f"arm{i}", strategy, overrides, 0, args.steps)
         slow, delayed = run(args.trainer, args.fixture, work, f"arm{i}", strategy, overrides, args.delay_ms, args.steps)
         added = slow - fast

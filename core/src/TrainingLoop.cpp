@@ -333,9 +333,11 @@ StepRecord optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const Upda
     strategy.backward(out.loss_sum / static_cast<double>(target_tokens),
                       MicroStep{m, m == shape.grad_accum_steps - 1, shape.grad_accum_steps, target_tokens});
   }
-  comm.all_reduce_sum(loss_sum);
-  record.loss = loss_sum.item<double>() / static_cast<double>(target_tokens);
+  // The loss's all-reduce runs behind the strategy's reduction and is waited for after it.
+  const std::unique_ptr<CommWork> loss_reduction = comm.all_reduce_sum_async(loss_sum);
   record.grad_norm = strategy.reduce_gradients_and_norm();
+  loss_reduction->wait();
+  record.loss = loss_sum.item<double>() / static_cast<double>(target_tokens);
   if (!std::isfinite(record.grad_norm) || !std::isfinite(record.loss)) {
     const std::string what =
         fmt::format("step {}: non-finite loss {} or gradient norm {}", step + 1, record.loss, record.grad_norm);
