@@ -83,14 +83,15 @@ class GlooComm final : public Comm {
 
   std::unique_ptr<CommWork> all_gather_async(torch::Tensor input, torch::Tensor output) override {
     check_sizes(output, input, "all-gather");
+    const torch::Tensor in = as_bytes(input), out = as_bytes(output);
     std::vector<std::vector<at::Tensor>> outputs(1);
-    for (int r = 0; r < world_size_; ++r) outputs[0].push_back(output.narrow(0, r * input.numel(), input.numel()));
-    std::vector<at::Tensor> inputs{input};
+    for (int r = 0; r < world_size_; ++r) outputs[0].push_back(out.narrow(0, r * in.numel(), in.numel()));
+    std::vector<at::Tensor> inputs{in};
     return std::make_unique<GlooWork>(group_->allgather(outputs, inputs), "all-gather", timeout_);
   }
 
   std::unique_ptr<CommWork> broadcast_async(torch::Tensor tensor, int root) override {
-    std::vector<at::Tensor> tensors{tensor};
+    std::vector<at::Tensor> tensors{as_bytes(tensor)};
     c10d::BroadcastOptions options;
     options.rootRank = root;
     return std::make_unique<GlooWork>(group_->broadcast(tensors, options), "broadcast", timeout_);
@@ -111,6 +112,11 @@ class GlooComm final : public Comm {
  private:
   static bool is_narrow(const torch::Tensor& t) {
     return t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kHalf;
+  }
+  // What gloo copies (all-gather, broadcast): a bf16/fp16 tensor as its
+  // bytes, which gloo moves unchanged (LibTorch 1.13's gloo has no bf16).
+  static torch::Tensor as_bytes(const torch::Tensor& tensor) {
+    return is_narrow(tensor) ? tensor.view(torch::kUInt8) : tensor;
   }
   // The tensor gloo sums: `tensor` itself, or an fp32 copy of a bf16/fp16 one.
   static torch::Tensor summable(const torch::Tensor& tensor) {
