@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include <ATen/Parallel.h>
 #include <torch/version.h>
 
 #include "ops/Dispatch.h"
@@ -29,6 +30,47 @@ bool own_kernel(const torch::Tensor& params, const torch::Tensor& grads, const A
 }
 #endif
 
+// Contiguous CPU buffers of one dtype and length.
+bool plain_cpu_buffers(const torch::Tensor& params, const torch::Tensor& grads, const AdamWState& state) {
+  for (const torch::Tensor* t : {&params, &grads, &state.exp_avg, &state.exp_avg_sq}) {
+    if (t->is_cuda() || t->scalar_type() != params.scalar_type() || !t->is_contiguous() ||
+        t->numel() != params.numel()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The CPU update, element by element in torch.optim.AdamW's order. ATen's
+// vectorised kernels finish each range with a scalar loop that can round
+// differently (fused multiply-adds in the vector path), and where a range
+// ends depends on a shard's bounds and the thread count; here every element
+// gets the same operations wherever it lies, so a sharded strategy updates
+// each element exactly as an unsharded one does.
+template <typename T>
+void adamw_elementwise(torch::Tensor& params, const torch::Tensor& grads, AdamWState& state, const AdamWConfig& config,
+                       bool decay, double lr, double grad_scale, double bias_correction1, double bias_correction2) {
+  T* p = params.data_ptr<T>();
+  const T* g = grads.data_ptr<T>();
+  T* m = state.exp_avg.data_ptr<T>();
+  T* v = state.exp_avg_sq.data_ptr<T>();
+  const T scale = static_cast<T>(grad_scale);
+  const T shrink = static_cast<T>(decay && config.weight_decay != 0.0 ? 1.0 - lr * config.weight_decay : 1.0);
+  const T weight1 = static_cast<T>(1.0 - config.beta1);
+  const T beta2 = static_cast<T>(config.beta2), weight2 = static_cast<T>(1.0 - config.beta2);
+  const T root2 = static_cast<T>(std::sqrt(bias_correction2)), eps = static_cast<T>(config.eps);
+  const T step = static_cast<T>(-lr / bias_correction1);
+  at::parallel_for(0, params.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T gi = g[i] * scale;
+      p[i] *= shrink;
+      m[i] += weight1 * (gi - m[i]);
+      v[i] = v[i] * beta2 + weight2 * gi * gi;
+      p[i] += step * (m[i] / (std::sqrt(v[i]) / root2 + eps));
+    }
+  });
+}
+
 // LibTorch's fused kernel (fp32 on CUDA, 2.x) or torch.optim.AdamW's single-tensor sequence.
 void update_with_libtorch(torch::Tensor& params, const torch::Tensor& grads, AdamWState& state,
                           const AdamWConfig& config, bool decay, double lr, int64_t step, double grad_scale,
@@ -46,6 +88,14 @@ void update_with_libtorch(torch::Tensor& params, const torch::Tensor& grads, Ada
     return;
   }
 #endif
+  if (!params.is_cuda() && params.scalar_type() == torch::kFloat32 && plain_cpu_buffers(params, grads, state)) {
+    adamw_elementwise<float>(params, grads, state, config, decay, lr, grad_scale, bias_correction1, bias_correction2);
+    return;
+  }
+  if (!params.is_cuda() && params.scalar_type() == torch::kFloat64 && plain_cpu_buffers(params, grads, state)) {
+    adamw_elementwise<double>(params, grads, state, config, decay, lr, grad_scale, bias_correction1, bias_correction2);
+    return;
+  }
   if (grad_scale != 1.0) grads.mul_(grad_scale);
   // The order of operations is torch.optim.AdamW's single-tensor path, so
   // that a PyTorch reference run differs only by rounding of fused kernels.

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ExactGradients.h"
 #include "Files.h"
 #include "Manifest.h"
 #include "trainer/Errors.h"
@@ -202,7 +203,7 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
       parameters.push_back(Json{{"name", p.name}, {"numel", p.tensor.numel()}, {"shape", p.tensor.sizes().vec()},
                                 {"decay", p.decay}});
     }
-    const Json manifest{{"format", kFormat},
+    Json manifest{{"format", kFormat},
                         {"step", position.step},
                         {"applied_updates", position.applied_updates},
                         {"world_size", world},
@@ -213,6 +214,13 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
                         {"group_numel", group_numel},
                         {"files", files},
                         {"parameters", parameters}};
+    if (!position.gradient_exponents.empty()) {
+      Json exponents = Json::array();
+      for (const int64_t e : position.gradient_exponents) {
+        exponents.push_back(e == ExactGradients::kUnknown ? Json(nullptr) : Json(e));
+      }
+      manifest["gradient_exponents"] = exponents;
+    }
     const std::string manifest_text = manifest.dump(1) + "\n";
     write_file_atomically(temporary / "manifest.json", manifest_text);
     write_file_atomically(temporary / "manifest.xxh3", text_xxh3(manifest_text) + "\n");
@@ -382,6 +390,21 @@ TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, 
   TrainingPosition position;
   position.step = member(manifest, "step", file).get<int64_t>();
   position.applied_updates = member(manifest, "applied_updates", file).get<int64_t>();
+  if (const auto found = manifest.find("gradient_exponents"); found != manifest.end()) {
+    if (!found->is_array() || found->size() != params.size()) {
+      throw InputError(fmt::format("{}: 'gradient_exponents' must be an array of one integer (or null) per "
+                                   "parameter, {} of them",
+                                   file.string(), params.size()));
+    }
+    for (const Json& e : *found) {
+      // Scales beyond 2^±1100 fit no fp32 gradient: a damaged or foreign manifest.
+      if (!e.is_null() && (!e.is_number_integer() || e.get<int64_t>() < -1100 || e.get<int64_t>() > 1100)) {
+        throw InputError(fmt::format("{}: 'gradient_exponents' holds {}; expected an integer in [-1100, 1100] or null", file.string(),
+                                     e.dump()));
+      }
+      position.gradient_exponents.push_back(e.is_null() ? ExactGradients::kUnknown : e.get<int64_t>());
+    }
+  }
   log::info(fmt::format("resumed from {} (step {}, written by {} at world size {})", dir, position.step,
                         member(manifest, "strategy", file).get<std::string>(), saved_world));
   return position;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "trainer/Comm.h"
 #include "trainer/Model.h"
@@ -17,6 +18,9 @@ namespace trainer {
 struct TrainingPosition {
   int64_t step = 0;             ///< optimizer steps completed
   int64_t applied_updates = 0;  ///< Adam's step count
+  /// Reproducible mode: the fixed-point scale exponent of each parameter
+  /// (ExactGradients::exponents, kUnknown where none yet); empty otherwise.
+  std::vector<int64_t> gradient_exponents;
 };
 
 class Checkpointer {

@@ -16,10 +16,13 @@
 #include <fmt/format.h>
 
 #include "Checkpoint.h"
+#include "ExactGradients.h"
 #include "Files.h"
+#include "Manifest.h"
 #include "Metrics.h"
 #include "Recipe.h"
 #include "Rendezvous.h"
+#include "ReproducibleMode.h"
 #include "RunOutputs.h"
 #include "Sampler.h"
 #include "trainer/FlatParameters.h"
@@ -301,6 +304,35 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
     row.norm_error = std::abs(norm - reference_norm) / reference_norm;
   }
 
+  // 5 (checked here, on the first fixture). Reproducible mode: the exact
+  // sum of per-sample gradients, written into the strategy, matches the
+  // reference as closely as the plain sum (its precision: ExactGradients.h),
+  // and is the same bits at every split; check_plugin compares the hashes.
+  {
+    const ReproducibleSettings settings;
+    std::unique_ptr<Model> model = make_model(registry);
+    std::unique_ptr<Strategy> strategy = fresh_strategy();
+    strategy->setup(*model, *comm, StrategyEnv{device, adamw});
+    ExactGradients exact(*model, kGlobalBatch, device);
+    const int64_t count = split.micro * split.accum;
+    run_exact_passes(exact, *strategy, *comm, count, [&](int64_t k) {
+      const LossSum out = strategy->forward(*model, rows(first, {world.rank * count + k}, device));
+      strategy->backward(out.loss_sum / static_cast<double>(first.target_tokens),
+                         MicroStep{k, k == count - 1, count, first.target_tokens});
+    });
+    const std::vector<torch::Tensor> gradient = exact.reduce(*comm);
+    install_gradient(*strategy, gradient, plugin.descriptor->name);
+    row.reproducible_error = relative_error(strategy->gradient_slices(), reference.grads());
+    std::vector<torch::Tensor> host;
+    std::vector<std::string_view> pieces;
+    for (const torch::Tensor& g : gradient) {
+      host.push_back(g.cpu().contiguous());
+      pieces.emplace_back(static_cast<const char*>(host.back().data_ptr()), host.back().nbytes());
+    }
+    // 13 hex digits: 52 bits, which a JSON number carries exactly.
+    row.reproducible_hash = static_cast<double>(std::stoull(manifest::pieces_xxh3(pieces).substr(0, 13), nullptr, 16));
+  }
+
   // 2. Parameters after 5 AdamW steps with clipping at a tenth of the raw norm.
   const double max_norm = 0.1 * reference_norm;
   struct Trained {
@@ -384,7 +416,7 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
     const fs::path checkpoints = fs::path(rank_report).parent_path() / "checkpoints";
     Checkpointer checkpointer(checkpoints.string(), 1, "conformance", plugin.descriptor->name);
     const std::string saved =
-        checkpointer.save(*trained.strategy, *trained.model, *comm, TrainingPosition{kSteps, kSteps});
+        checkpointer.save(*trained.strategy, *trained.model, *comm, TrainingPosition{kSteps, kSteps, {}});
     row.checkpoint_saved = holds_checkpoint(*trained.strategy, saved) ? 1 : 0;
     if (!request.load_checkpoint.empty()) {
       std::unique_ptr<Model> model = make_model(registry);
@@ -408,7 +440,9 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
                     {"bf16_bound", row.bf16_bound},
                     {"checkpoint_saved", row.checkpoint_saved},
                     {"checkpoint_loaded", row.checkpoint_loaded},
-                    {"final_weights_error", row.final_weights_error}};
+                    {"final_weights_error", row.final_weights_error},
+                    {"reproducible_error", row.reproducible_error},
+                    {"reproducible_hash", row.reproducible_hash}};
   std::ofstream(rank_report) << report.dump() << "\n";
 }
 
@@ -422,6 +456,7 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
              plugin.descriptor->name, plugin.file, "split", "rank", "grad err", "norm err", "param err", "masked",
              "=ddp");
   bool all_pass = true;
+  double reproducible_hash = -1;  // every split and rank must report the first one's
   std::string previous_checkpoint;  // each split loads the one the split before it wrote
   for (const Split& split : request.splits) {
     const fs::path dir = scratch / split.text();
@@ -461,7 +496,10 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
                         r.at("param_error") <= kParamTolerance && r.at("identical_to_ddp") != 0 &&
                         r.at("bf16_error") <= r.at("bf16_bound") && r.at("checkpoint_saved") == 1 &&
                         r.at("checkpoint_loaded") != 0 && r.at("final_weights_error") <= kParamTolerance;
-      all_pass = all_pass && pass;
+      if (reproducible_hash < 0) reproducible_hash = r.at("reproducible_hash");
+      const bool reproducible =
+          r.at("reproducible_error") <= kGradTolerance && r.at("reproducible_hash") == reproducible_hash;
+      all_pass = all_pass && pass && reproducible;
       const double identical = r.at("identical_to_ddp");
       fmt::print("{:<8} {:>4} {:>12.3e} {:>12.3e} {:>12.3e} {:>7.3f}% {:>8}  {}\n", split.text(), rank,
                  r.at("grad_error"), r.at("norm_error"), r.at("param_error"), 100 * r.at("masked"),
@@ -481,6 +519,13 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
                                             loaded > 0 ? "bit for bit" : "WRONG"),
                    pass ? "pass" : "FAIL");
       }
+      if (rank == 0 || !reproducible) {
+        fmt::print("{:<8} {:>4} reproducible: grad err {:.3e}, gradient {:013x} ({} the first split's)  {}\n",
+                   split.text(), rank, r.at("reproducible_error"),
+                   static_cast<uint64_t>(r.at("reproducible_hash")),
+                   r.at("reproducible_hash") == reproducible_hash ? "bits of" : "DIFFERS from",
+                   reproducible ? "pass" : "FAIL");
+      }
       if (report.is_open()) {
         const Json line{{"split", split.text()},
                         {"micro", split.micro},
@@ -497,7 +542,9 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
                         {"checkpoint_saved", r.at("checkpoint_saved")},
                         {"checkpoint_loaded", r.at("checkpoint_loaded")},
                         {"final_weights_error", r.at("final_weights_error")},
-                        {"pass", pass}};
+                        {"reproducible_error", r.at("reproducible_error")},
+                        {"reproducible_identical", r.at("reproducible_hash") == reproducible_hash},
+                        {"pass", pass && reproducible}};
         report << line.dump() << "\n";
       }
     }

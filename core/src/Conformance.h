@@ -54,6 +54,10 @@ struct ConformanceRow {
   int checkpoint_loaded = -1;
   /// Rank 0: the consolidated weights' change vs the reference's (as param_error); -1 elsewhere.
   double final_weights_error = -1;
+  /// Reproducible mode's gradient: error as grad_error, and 52 bits of the
+  /// hash of the whole gradient, which every split must share.
+  double reproducible_error = -1;
+  double reproducible_hash = -1;
 };
 
 /// Tolerances of the contract in fp32 (their origin is in Conformance.cpp).

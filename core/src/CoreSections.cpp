@@ -36,6 +36,9 @@ constexpr KeySpec kTrainingKeys[] = {
     {"max_grad_norm", VT::Float, "1.0", "clip the global gradient norm to this; 0 turns clipping off", 0, kInf},
     {"on_nonfinite", VT::String, "'error'",
      "a non-finite gradient norm stops the run (error) or skips the update (skip)", -kInf, kInf, "error|skip"},
+    {"reproducible", VT::Bool, "false",
+     "the same bits whatever the micro-batch size, accumulation steps, world size and strategy: one sample per "
+     "forward and backward, deterministic kernels, gradients summed exactly in fixed point (README: cost)"},
 };
 constexpr KeySpec kOptimizerKeys[] = {
     {"name", VT::String, "'adamw'", "optimizer", -kInf, kInf, "adamw"},

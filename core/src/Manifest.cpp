@@ -25,6 +25,14 @@ std::string text_xxh3(std::string_view text) {
   return Hash128{h.high64, h.low64}.hex();
 }
 
+std::string pieces_xxh3(const std::vector<std::string_view>& pieces) {
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
+  XXH3_128bits_reset(state.get());
+  for (const std::string_view piece : pieces) XXH3_128bits_update(state.get(), piece.data(), piece.size());
+  const XXH128_hash_t h = XXH3_128bits_digest(state.get());
+  return Hash128{h.high64, h.low64}.hex();
+}
+
 Hash128 file_xxh3(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);

@@ -27,6 +27,8 @@ struct Hash128 {
 Hash128 file_xxh3(const std::filesystem::path& file);
 /// XXH3-128 of `text`, as hex.
 std::string text_xxh3(std::string_view text);
+/// XXH3-128 of the pieces' bytes one after the other, as hex.
+std::string pieces_xxh3(const std::vector<std::string_view>& pieces);
 /// Format 1's per-file checksum (FNV-1a, 64 bits).
 uint64_t file_fnv1a(const std::filesystem::path& file);
 

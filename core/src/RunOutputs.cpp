@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <fstream>
+#include <string_view>
 
 #include <fmt/format.h>
 
 #include "Checkpoint.h"
 #include "Files.h"
+#include "Manifest.h"
 #include "trainer/Errors.h"
 #include "trainer/JsonSupport.h"
 #include "trainer/Safetensors.h"
@@ -36,11 +38,13 @@ void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, c
   write_file_atomically(file, ranks.dump(1) + "\n");
 }
 
-// FNV-1a over the bytes of the parameters this rank updates, gathered to
-// rank 0 into summary.json: two runs ended with the same weights (at the same
-// world size and strategy layout) exactly when these agree.
+// summary.json: FNV-1a over the bytes of the parameters each rank updates
+// (equal at the same world size and strategy layout exactly when the
+// weights are), and XXH3-128 of the consolidated weights, which two runs
+// share exactly when they ended with the same weights, whatever their world
+// size or strategy.
 void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const fs::path& file, bool writer,
-                   int64_t steps, int64_t applied_updates) {
+                   int64_t steps, int64_t applied_updates, const std::vector<torch::Tensor>& consolidated) {
   uint64_t hash = 0xcbf29ce484222325ULL;
   for (const FlatSlice& slice : strategy.parameter_slices()) {
     const torch::Tensor host = slice.values.to(torch::kCPU).contiguous();
@@ -54,8 +58,15 @@ void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const f
   all = all.cpu();
   Json hashes = Json::array();
   for (int r = 0; r < comm.world_size(); ++r) hashes.push_back(fmt::format("{:016x}", static_cast<uint64_t>(all[r].item<int64_t>())));
-  const Json summary{{"steps", steps}, {"applied_updates", applied_updates}, {"world_size", comm.world_size()},
-                     {"parameter_fnv1a_per_rank", hashes}};
+  std::vector<std::string_view> pieces;
+  for (const torch::Tensor& group : consolidated) {
+    pieces.emplace_back(static_cast<const char*>(group.data_ptr()), group.numel() * group.element_size());
+  }
+  const Json summary{{"steps", steps},
+                     {"applied_updates", applied_updates},
+                     {"world_size", comm.world_size()},
+                     {"parameter_fnv1a_per_rank", hashes},
+                     {"parameters_xxh3_128", manifest::pieces_xxh3(pieces)}};
   write_file_atomically(file, summary.dump() + "\n");
 }
 
@@ -99,9 +110,7 @@ std::vector<torch::Tensor> consolidated_parameters(Model& model, Strategy& strat
 
 // Rank 0 writes model.safetensors (fp32, Hugging Face names) and the model's
 // config.json.
-void write_final_weights(Model& model, Strategy& strategy, Comm& comm, torch::Device device, const fs::path& dir,
-                         bool writer) {
-  const std::vector<torch::Tensor> full = consolidated_parameters(model, strategy, comm, device, writer);
+void write_final_weights(Model& model, const std::vector<torch::Tensor>& full, const fs::path& dir, bool writer) {
   if (!writer) return;
   const std::vector<NamedParameter> params = model.parameters();
   // Decay, then no decay; with one group, every parameter is in it.

@@ -19,9 +19,11 @@
 
 #include "Checkpoint.h"
 #include "DeviceStats.h"
+#include "ExactGradients.h"
 #include "Files.h"
 #include "LrSchedule.h"
 #include "RunLock.h"
+#include "ReproducibleMode.h"
 #include "RunOutputs.h"
 #include "Rendezvous.h"
 #include "Sampler.h"
@@ -198,9 +200,12 @@ struct RunParts {
   std::unique_ptr<Model> model;
   std::unique_ptr<Dataset> dataset;
   std::unique_ptr<Strategy> strategy;
-  std::string dataset_name, model_name;
+  std::string dataset_name, model_name, strategy_name;
   int64_t parameter_count = 0;
   BatchShape shape;
+  // Reproducible mode only; declared last, so the hooks go before the model.
+  std::unique_ptr<ReproducibleSettings> reproducible;
+  std::unique_ptr<ExactGradients> exact;
 };
 
 // Set-up: the output directory (locked by rank 0), the process group, the
@@ -218,6 +223,7 @@ RunParts set_up(const Recipe& recipe, PluginRegistry& registry, const WorldInfo&
   // Local ranks share the machine's cores instead of each taking all of them.
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   at::set_num_threads(std::max(1, cores / std::max(1, world.local_world_size)));
+  if (recipe.training.boolean("reproducible")) run.reproducible = std::make_unique<ReproducibleSettings>();
   run.device = device_of(recipe, world);
   run.writer = world.rank == 0;
   if (run.writer) {
@@ -232,6 +238,7 @@ RunParts set_up(const Recipe& recipe, PluginRegistry& registry, const WorldInfo&
   run.strategy = PluginRegistry::create<Strategy>(*recipe.strategy.plugin, recipe.strategy.options, context);
   run.dataset_name = recipe.dataset.plugin->descriptor->name;
   run.model_name = recipe.model.plugin->descriptor->name;
+  run.strategy_name = recipe.strategy.plugin->descriptor->name;
   if (run.dataset->vocab_size() > run.model->vocab_size()) {
     recipe.model.options.fail("vocab_size", fmt::format("at least the dataset's vocabulary size {}, got {}",
                                                         run.dataset->vocab_size(), run.model->vocab_size()));
@@ -246,6 +253,9 @@ RunParts set_up(const Recipe& recipe, PluginRegistry& registry, const WorldInfo&
   log::info(fmt::format("rank {} holds {} parameter, {} gradient and {} optimizer-state bytes", world.rank,
                         memory.parameter_bytes, memory.gradient_bytes, memory.optimizer_bytes));
   run.shape = batch_shape(recipe, run.comm->world_size());
+  // After the strategy's setup: its hooks and bound buffers are in place, and
+  // these hooks only read the gradients passing through.
+  if (run.reproducible) run.exact = std::make_unique<ExactGradients>(*run.model, run.shape.global_batch_size(), run.device);
   return run;
 }
 
@@ -278,6 +288,66 @@ struct UpdateRule {
   bool skip_nonfinite = false;
 };
 
+// This rank's part of the window: the split's micro-batches, or in
+// reproducible mode one micro-batch per sample, so that each sample's
+// forward and backward has the same shapes (and bits) whichever micro-batch
+// or rank it lands in.
+std::vector<MicroBatch> collate_window(RunParts& run, const std::vector<int64_t>& global) {
+  std::vector<MicroBatch> window;
+  for (int64_t m = 0; m < run.shape.grad_accum_steps; ++m) {
+    const std::vector<int64_t> indices = local_micro_batch(global, run.shape, run.comm->rank(), m);
+    if (!run.exact) {
+      window.push_back(collate(*run.dataset, run.dataset_name, indices, run.device));
+      continue;
+    }
+    for (const int64_t index : indices) window.push_back(collate(*run.dataset, run.dataset_name, {index}, run.device));
+  }
+  return window;
+}
+
+LossSum checked_forward(RunParts& run, const MicroBatch& micro) {
+  LossSum out = run.strategy->forward(*run.model, micro.batch);
+  if (out.target_tokens != micro.batch.target_tokens) {
+    throw TrainingError(fmt::format("model '{}' counted {} target tokens in a micro-batch that has {}", run.model_name,
+                                    out.target_tokens, micro.batch.target_tokens));
+  }
+  return out;
+}
+
+// Reproducible mode's forward, backward and reduction: every sample's
+// gradient summed exactly (ExactGradients) and written over the strategy's
+// own sum; the norm and the loss computed the same way whatever the split.
+// A pass whose gradients left the fixed-point scales' range runs again with
+// scales that fit them (the first step's always does: no scale is known yet).
+void reproducible_reduction(RunParts& run, const std::vector<MicroBatch>& samples, int64_t target_tokens,
+                            StepRecord& record) {
+  Strategy& strategy = *run.strategy;
+  Comm& comm = *run.comm;
+  ExactGradients& exact = *run.exact;
+  const int64_t count = static_cast<int64_t>(samples.size());
+  const int64_t first = comm.rank() * count;  // rank r trains global positions [r count, (r + 1) count)
+  torch::Tensor losses =
+      torch::zeros({run.shape.global_batch_size()}, torch::TensorOptions().dtype(torch::kFloat64).device(run.device));
+  const int passes = run_exact_passes(exact, strategy, comm, count, [&](int64_t k) {
+    const LossSum out = checked_forward(run, samples[k]);
+    losses.narrow(0, first + k, 1).copy_(out.loss_sum.detach().reshape({1}));
+    strategy.backward(out.loss_sum / static_cast<double>(target_tokens),
+                      MicroStep{k, k == count - 1, count, target_tokens});
+  });
+  if (passes > 1) {
+    log::info(fmt::format("step {}: gradient scales set from this step's gradients; its samples ran again",
+                          record.step));
+  }
+  record.loss = ordered_loss_sum(losses, comm) / static_cast<double>(target_tokens);
+  if (exact.nonfinite()) {
+    record.grad_norm = std::numeric_limits<double>::quiet_NaN();
+    return;
+  }
+  const std::vector<torch::Tensor> gradient = exact.reduce(comm);
+  install_gradient(strategy, gradient, run.strategy_name);
+  record.grad_norm = whole_norm(gradient);
+}
+
 // One optimizer step: the whole accumulation window is collated first, so
 // N_t is known before the first backward (contract, point 2); then forward
 // and backward per micro-batch, the reduction, and the update (or a skip).
@@ -288,12 +358,8 @@ StepRecord optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const Upda
   const Clock::time_point start = Clock::now();
   const BatchShape& shape = run.shape;
   Comm& comm = *run.comm;
-  const std::vector<int64_t> global = sampler.global_batch(step, shape.global_batch_size());
-  std::vector<MicroBatch> micro_batches;
-  for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
-    micro_batches.push_back(
-        collate(*run.dataset, run.dataset_name, local_micro_batch(global, shape, comm.rank(), m), run.device));
-  }
+  const std::vector<MicroBatch> micro_batches =
+      collate_window(run, sampler.global_batch(step, shape.global_batch_size()));
   StepRecord record;
   record.data_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   int64_t local_counts[2] = {0, 0};
@@ -321,23 +387,23 @@ StepRecord optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const Upda
     return record;
   }
   Strategy& strategy = *run.strategy;
-  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(run.device));
-  for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
-    const LossSum out = strategy.forward(*run.model, micro_batches[m].batch);
-    if (out.target_tokens != micro_batches[m].batch.target_tokens) {
-      throw TrainingError(fmt::format("model '{}' counted {} target tokens in a micro-batch that has {}",
-                                      run.model_name, out.target_tokens, micro_batches[m].batch.target_tokens));
+  if (run.exact) {
+    reproducible_reduction(run, micro_batches, target_tokens, record);
+  } else {
+    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(run.device));
+    for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
+      const LossSum out = checked_forward(run, micro_batches[m]);
+      loss_sum += out.loss_sum.detach().to(torch::kFloat64);
+      // Contract, point 3: divide by N_t once; nothing else scales.
+      strategy.backward(out.loss_sum / static_cast<double>(target_tokens),
+                        MicroStep{m, m == shape.grad_accum_steps - 1, shape.grad_accum_steps, target_tokens});
     }
-    loss_sum += out.loss_sum.detach().to(torch::kFloat64);
-    // Contract, point 3: divide by N_t once; nothing else scales.
-    strategy.backward(out.loss_sum / static_cast<double>(target_tokens),
-                      MicroStep{m, m == shape.grad_accum_steps - 1, shape.grad_accum_steps, target_tokens});
+    // The loss's all-reduce runs behind the strategy's reduction and is waited for after it.
+    const std::unique_ptr<CommWork> loss_reduction = comm.all_reduce_sum_async(loss_sum);
+    record.grad_norm = strategy.reduce_gradients_and_norm();
+    loss_reduction->wait();
+    record.loss = loss_sum.item<double>() / static_cast<double>(target_tokens);
   }
-  // The loss's all-reduce runs behind the strategy's reduction and is waited for after it.
-  const std::unique_ptr<CommWork> loss_reduction = comm.all_reduce_sum_async(loss_sum);
-  record.grad_norm = strategy.reduce_gradients_and_norm();
-  loss_reduction->wait();
-  record.loss = loss_sum.item<double>() / static_cast<double>(target_tokens);
   if (!std::isfinite(record.grad_norm) || !std::isfinite(record.loss)) {
     const std::string what =
         fmt::format("step {}: non-finite loss {} or gradient norm {}", step + 1, record.loss, record.grad_norm);
@@ -396,6 +462,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   const std::string from = checkpointer.resolve(resume);
   if (!from.empty()) {
     position = checkpointer.load(from, *run.strategy, *run.model, *run.comm);
+    if (run.exact && !position.gradient_exponents.empty()) run.exact->set_exponents(position.gradient_exponents);
   } else if (resume == "auto") {
     log::info(fmt::format("no checkpoint under {}; starting at step 0", checkpoint_root));
   }
@@ -443,8 +510,9 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
     loggers.log(record);
 
     if ((interval > 0 && (step + 1) % interval == 0) || stopping) {
-      const std::string dir =
-          checkpointer.save(*run.strategy, *run.model, *run.comm, TrainingPosition{step + 1, applied_updates});
+      const TrainingPosition here{step + 1, applied_updates,
+                                  run.exact ? run.exact->exponents() : std::vector<int64_t>{}};
+      const std::string dir = checkpointer.save(*run.strategy, *run.model, *run.comm, here);
       log::info(fmt::format("checkpoint {} written", dir));
     }
     if (stopping) {
@@ -455,8 +523,10 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   }
   const fs::path out(context.output_dir);
   write_memory_report(*run.strategy, *run.comm, run.device, out / "memory.json", run.writer);
-  write_summary(*run.strategy, *run.comm, run.device, out / "summary.json", run.writer, steps, applied_updates);
-  write_final_weights(*run.model, *run.strategy, *run.comm, run.device, context.output_dir, run.writer);
+  const std::vector<torch::Tensor> weights =
+      consolidated_parameters(*run.model, *run.strategy, *run.comm, run.device, run.writer);
+  write_summary(*run.strategy, *run.comm, run.device, out / "summary.json", run.writer, steps, applied_updates, weights);
+  write_final_weights(*run.model, weights, context.output_dir, run.writer);
 }
 
 }  // namespace trainer

@@ -109,7 +109,11 @@ class Strategy : public Component {
   virtual MemoryReport memory() const = 0;
 
   /// After reduce_gradients_and_norm(): the reduced gradient this rank holds (all of
-  /// it, or its shard), padding excluded. For the conformance kit.
+  /// it, or its shard), padding excluded. For the conformance kit, and
+  /// writable: views of the gradient apply_update reads. In reproducible
+  /// mode (training.reproducible) the core writes the exact sum of the
+  /// step's gradients through them between reduce_gradients_and_norm and
+  /// apply_update, and stops the run, naming the strategy, if it does not land.
   virtual std::vector<FlatSlice> gradient_slices() const = 0;
   /// The fp32 parameter values this rank updates (all, or its shard).
   virtual std::vector<FlatSlice> parameter_slices() const = 0;

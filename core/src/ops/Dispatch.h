@@ -43,6 +43,13 @@ inline void check_launch(const char* kernel) {
 }
 #endif
 
+/// Whether a weight-gradient GEMM may add straight into the fp32 .grad a
+/// strategy bound (gradient-accumulation fusion). Off in reproducible mode:
+/// every gradient then reaches autograd's hooks, which sum it exactly.
+/// Process-wide; set before training starts.
+bool gradient_fusion_enabled();
+void set_gradient_fusion(bool enabled);
+
 /// fp64 stays fp64; everything narrower computes in fp32.
 inline torch::Dtype accumulate_dtype(const torch::Tensor& t) {
   return t.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;

@@ -3,13 +3,24 @@
 // same with its input recomputed in backward, as an autograd node.
 #include "trainer/ops/Linear.h"
 
+#include <atomic>
+
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/version.h>
 
+#include "Dispatch.h"
+
 namespace trainer::ops {
+
+namespace {
+std::atomic<bool> g_gradient_fusion{true};
+}  // namespace
+
+bool gradient_fusion_enabled() { return g_gradient_fusion.load(); }
+void set_gradient_fusion(bool enabled) { g_gradient_fusion.store(enabled); }
 
 namespace {
 
@@ -52,7 +63,7 @@ torch::Tensor stacked(const std::vector<torch::Tensor>& parts) {
 // bf16 rounding of each micro-step's weight gradient. Undefined when not.
 torch::Tensor fused_gradient_target(const std::vector<torch::Tensor>& weights, const torch::Tensor& dy) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
-  if (!dy.is_cuda() || dy.scalar_type() != torch::kBFloat16) return torch::Tensor();
+  if (!dy.is_cuda() || dy.scalar_type() != torch::kBFloat16 || !gradient_fusion_enabled()) return torch::Tensor();
   std::vector<torch::Tensor> grads;
   for (const torch::Tensor& w : weights) {
     const torch::Tensor& g = w.grad();

@@ -163,12 +163,14 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     // Scaled in fp32: a bf16 copy of the scale 1/N_t would bias every gradient.
     torch::Tensor dh = (grad_h.to(scale.scalar_type()) * scale).to(grad_h.scalar_type());
     if (!ctx->saved_data["all"].toBool()) {
-      dh = torch::zeros({ctx->saved_data["rows"].toInt(), grad_h.size(1)}, grad_h.options()).index_copy_(0, index, dh);
+      // index_put_ rather than index_copy_: the same rows, and it has a
+      // deterministic CUDA variant (reproducible mode's switch refuses index_copy_).
+      dh = torch::zeros({ctx->saved_data["rows"].toInt(), grad_h.size(1)}, grad_h.options()).index_put_({index}, dh);
     }
     const torch::Tensor weight = ctx->saved_data["weight"].toTensor();
     ctx->saved_data.erase("weight");
     const torch::Tensor& bound = weight.grad();
-    if (weight.is_cuda() && weight.is_leaf() && weight.scalar_type() != grad_w.scalar_type() && bound.defined() &&
+    if (gradient_fusion_enabled() && weight.is_cuda() && weight.is_leaf() && weight.scalar_type() != grad_w.scalar_type() && bound.defined() &&
         bound.scalar_type() == grad_w.scalar_type() && bound.sizes() == grad_w.sizes()) {
       // bf16 weight, fp32 .grad bound by the strategy: added in fp32 in one
       // pass, where a bf16 copy would round the head's gradient and be read

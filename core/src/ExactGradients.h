@@ -1,0 +1,86 @@
+// Reproducible mode's gradient sum: every gradient a parameter receives in a
+// backward is rounded once onto a fixed-point grid and added into an int64
+// accumulator, so sums over samples, micro-steps and ranks are exact and the
+// same in any order or grouping.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "trainer/Comm.h"
+#include "trainer/Model.h"
+
+namespace trainer {
+
+/// The fixed-point format, per parameter p: a gradient element g becomes the
+/// integer q = round(g * 2^s_p), and the step's gradient is (sum of q) * 2^-s_p,
+/// converted to fp32 once. |q| < 2^bits with bits = 61 - ceil(log2 samples),
+/// so the at most 2 x samples contributions of a step (a parameter used
+/// twice in one graph may receive two per backward) sum inside an int64 in
+/// every order. s_p follows M_p, the largest |g| of p's contributions: it is
+/// chosen so that M_p * 2^s_p lies in [2^(bits-5), 2^(bits-4)), and a pass is
+/// accepted while M_p * 2^s_p stays in [2^(bits-9), 2^bits); a pass outside
+/// (the gradient grew or shrank 16x since the scale was chosen) is run again
+/// with the scale its own contributions ask for.
+///
+/// Precision, checked against fp64 by the conformance kit: an fp32
+/// contribution g is taken exactly when |g| >= 2^(24 - s_p), which holds for
+/// |g| >= M_p * 2^(33 - bits); smaller ones are off by at most 2^-(s_p+1) <=
+/// M_p * 2^(8 - bits). With 1024 samples (bits = 51): everything within
+/// 2^-18 of the largest contribution is exact, and a sum of 2048 smaller
+/// ones is off by at most M_p * 2^-32 (an element 2^-20 below M_p then keeps
+/// 12 correct bits, one 2^-8 below it fp32's 24).
+class ExactGradients {
+ public:
+  /// Installs a gradient hook on each of `model`'s parameters (removed by the
+  /// destructor); `samples`: samples in the global batch.
+  ExactGradients(Model& model, int64_t samples, torch::Device device);
+  ~ExactGradients();
+  ExactGradients(const ExactGradients&) = delete;
+  ExactGradients& operator=(const ExactGradients&) = delete;
+
+  /// Zeroes the accumulators and starts adding what hooks receive, for a
+  /// pass over `local_samples` samples on this rank (one backward each).
+  void begin_pass(int64_t local_samples);
+  /// Collective. Ends the pass; true when every parameter's scale held its
+  /// largest contribution with the precision promised above. Otherwise the
+  /// scales now fit this pass's contributions, and running the same pass
+  /// again is accepted (its contributions are the same bits).
+  bool end_pass(Comm& comm);
+  /// True when some contribution of the last pass was NaN or infinite.
+  bool nonfinite() const { return nonfinite_; }
+  /// Collective, after an accepted pass: the summed gradient of every rank,
+  /// as flat fp32 groups laid out as flatten_parameters() does (decay, then
+  /// no decay; empty groups left out; padding excluded). Scales then follow
+  /// this step's contributions for the next step.
+  std::vector<torch::Tensor> reduce(Comm& comm);
+
+  /// Per parameter, s_p (kUnknown before a parameter's first contribution).
+  const std::vector<int64_t>& exponents() const { return exponents_; }
+  /// Restores exponents() from a checkpoint: a resumed run then rounds
+  /// exactly as the run that wrote it. Throws std::invalid_argument on a
+  /// count other than the parameters'.
+  void set_exponents(const std::vector<int64_t>& exponents);
+  static constexpr int64_t kUnknown = INT64_MIN;
+
+ private:
+  void add(size_t parameter, const torch::Tensor& gradient);
+
+  std::vector<NamedParameter> parameters_;
+  std::vector<unsigned> hook_handles_;
+  std::vector<int64_t> offsets_;  // of each parameter in accumulator_
+  torch::Tensor accumulator_;     // int64, every parameter back to back
+  torch::Tensor largest_;         // fp64 [parameters]: the pass's max |g| per parameter
+  std::vector<int64_t> exponents_;
+  std::vector<int64_t> pending_;  // exponents the last accepted pass's contributions ask for
+  std::vector<int64_t> calls_;    // contributions per parameter in this pass
+  int64_t local_samples_ = 0;
+  int bits_;
+  bool armed_ = false;
+  bool nonfinite_ = false;
+};
+
+}  // namespace trainer
