@@ -39,6 +39,10 @@ constexpr KeySpec kTrainingKeys[] = {
     {"reproducible", VT::Bool, "false",
      "the same bits whatever the micro-batch size, accumulation steps, world size and strategy: one sample per "
      "forward and backward, deterministic kernels, gradients summed exactly in fixed point (README: cost)"},
+    {"reproducible_atom", VT::Int, "1",
+     "reproducible mode: samples per forward and backward; splits whose micro_batch_size is a multiple of it "
+     "train the same bits (1: every split; larger: fewer, faster launches)",
+     1, 1 << 20},
 };
 constexpr KeySpec kOptimizerKeys[] = {
     {"name", VT::String, "'adamw'", "optimizer", -kInf, kInf, "adamw"},

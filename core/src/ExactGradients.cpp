@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/Dispatch.h"
 #include "trainer/Errors.h"
 
 namespace trainer {
@@ -20,8 +21,8 @@ int ceil_log2(int64_t n) {
 
 }  // namespace
 
-ExactGradients::ExactGradients(Model& model, int64_t samples, torch::Device device)
-    : parameters_(model.parameters()), bits_(61 - ceil_log2(std::max<int64_t>(1, samples))) {
+ExactGradients::ExactGradients(Model& model, int64_t atoms, torch::Device device)
+    : parameters_(model.parameters()), bits_(61 - ceil_log2(std::max<int64_t>(1, atoms))) {
   int64_t total = 0;
   for (const NamedParameter& p : parameters_) {
     offsets_.push_back(total);
@@ -45,8 +46,8 @@ ExactGradients::~ExactGradients() {
   for (size_t i = 0; i < parameters_.size(); ++i) parameters_[i].tensor.remove_hook(hook_handles_[i]);
 }
 
-void ExactGradients::begin_pass(int64_t local_samples) {
-  local_samples_ = local_samples;
+void ExactGradients::begin_pass(int64_t local_atoms) {
+  local_atoms_ = local_atoms;
   accumulator_.zero_();
   largest_.zero_();
   calls_.assign(parameters_.size(), 0);
@@ -60,12 +61,23 @@ void ExactGradients::add(size_t parameter, const torch::Tensor& gradient) {
   ++calls_[parameter];
   // Widening fp32 or bf16 to fp64 and scaling by a power of two are exact;
   // the one rounding is round() (half to even), the same wherever g lands.
+  const int64_t exponent = exponents_[parameter];
+  const double limit = std::ldexp(1.0, bits_);
+#ifdef TRAINER_CUDA_KERNELS
+  if (ops::use_kernels(gradient)) {
+    const torch::Tensor g = gradient.detach().contiguous();
+    ops::kernels::fixed_point_add(ops::kernel_dtype(g), g.data_ptr(),
+                                  accumulator_.data_ptr<int64_t>() + offsets_[parameter], g.numel(),
+                                  exponent == kUnknown ? 1.0 : std::ldexp(1.0, static_cast<int>(exponent)), limit,
+                                  exponent != kUnknown, largest_.data_ptr<double>() + parameter, ops::current_stream());
+    ops::check_launch("fixed_point_add");
+    return;
+  }
+#endif
   const torch::Tensor wide = gradient.detach().to(torch::kFloat64).reshape({-1});
   torch::Tensor largest = largest_.narrow(0, static_cast<int64_t>(parameter), 1);
   largest.copy_(torch::maximum(largest, wide.abs().max().reshape({1})));
-  const int64_t exponent = exponents_[parameter];
   if (exponent == kUnknown) return;  // this pass only measures M_p
-  const double limit = std::ldexp(1.0, bits_);
   // Clamped so that an out-of-range value (the pass is then not accepted) never
   // reaches the integer conversion.
   const torch::Tensor q =
@@ -88,11 +100,11 @@ bool ExactGradients::end_pass(Comm& comm) {
   for (int64_t i = 0; i < count; ++i) {
     // One contribution per backward, two where a parameter appears twice in
     // the graph: the bound that sizes the format (ExactGradients.h).
-    if (calls_[i] > 2 * local_samples_) {
+    if (calls_[i] > 2 * local_atoms_) {
       throw TrainingError(fmt::format("reproducible mode: parameter '{}' received {} gradients in one optimizer "
-                                      "step of {} samples on this rank; at most two per sample fit the fixed-point "
-                                      "format",
-                                      parameters_[i].name, calls_[i], local_samples_));
+                                      "step of {} backward passes on this rank; at most two per backward fit the "
+                                      "fixed-point format",
+                                      parameters_[i].name, calls_[i], local_atoms_));
     }
     double largest = 0.0;
     for (int r = 0; r < comm.world_size(); ++r) {

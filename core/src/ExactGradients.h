@@ -17,10 +17,10 @@ namespace trainer {
 
 /// The fixed-point format, per parameter p: a gradient element g becomes the
 /// integer q = round(g * 2^s_p), and the step's gradient is (sum of q) * 2^-s_p,
-/// converted to fp32 once. |q| < 2^bits with bits = 61 - ceil(log2 samples),
-/// so the at most 2 x samples contributions of a step (a parameter used
-/// twice in one graph may receive two per backward) sum inside an int64 in
-/// every order. s_p follows M_p, the largest |g| of p's contributions: it is
+/// converted to fp32 once. |q| < 2^bits with bits = 61 - ceil(log2 atoms)
+/// (an atom: the samples of one backward), so the at most 2 x atoms
+/// contributions of a step (a parameter used twice in one graph may receive
+/// two per backward) sum inside an int64 in every order. s_p follows M_p, the largest |g| of p's contributions: it is
 /// chosen so that M_p * 2^s_p lies in [2^(bits-5), 2^(bits-4)), and a pass is
 /// accepted while M_p * 2^s_p stays in [2^(bits-9), 2^bits); a pass outside
 /// (the gradient grew or shrank 16x since the scale was chosen) is run again
@@ -29,22 +29,22 @@ namespace trainer {
 /// Precision, checked against fp64 by the conformance kit: an fp32
 /// contribution g is taken exactly when |g| >= 2^(24 - s_p), which holds for
 /// |g| >= M_p * 2^(33 - bits); smaller ones are off by at most 2^-(s_p+1) <=
-/// M_p * 2^(8 - bits). With 1024 samples (bits = 51): everything within
+/// M_p * 2^(8 - bits). With 1024 atoms (bits = 51): everything within
 /// 2^-18 of the largest contribution is exact, and a sum of 2048 smaller
 /// ones is off by at most M_p * 2^-32 (an element 2^-20 below M_p then keeps
 /// 12 correct bits, one 2^-8 below it fp32's 24).
 class ExactGradients {
  public:
   /// Installs a gradient hook on each of `model`'s parameters (removed by the
-  /// destructor); `samples`: samples in the global batch.
-  ExactGradients(Model& model, int64_t samples, torch::Device device);
+  /// destructor); `atoms`: backward passes of one optimizer step, all ranks.
+  ExactGradients(Model& model, int64_t atoms, torch::Device device);
   ~ExactGradients();
   ExactGradients(const ExactGradients&) = delete;
   ExactGradients& operator=(const ExactGradients&) = delete;
 
   /// Zeroes the accumulators and starts adding what hooks receive, for a
-  /// pass over `local_samples` samples on this rank (one backward each).
-  void begin_pass(int64_t local_samples);
+  /// pass of `local_atoms` backward passes on this rank.
+  void begin_pass(int64_t local_atoms);
   /// Collective. Ends the pass; true when every parameter's scale held its
   /// largest contribution with the precision promised above. Otherwise the
   /// scales now fit this pass's contributions, and running the same pass
@@ -77,7 +77,7 @@ class ExactGradients {
   std::vector<int64_t> exponents_;
   std::vector<int64_t> pending_;  // exponents the last accepted pass's contributions ask for
   std::vector<int64_t> calls_;    // contributions per parameter in this pass
-  int64_t local_samples_ = 0;
+  int64_t local_atoms_ = 0;
   int bits_;
   bool armed_ = false;
   bool nonfinite_ = false;

@@ -405,6 +405,12 @@ BatchShape batch_shape(const Recipe& recipe, int world_size) {
   shape.world_size = world_size;
   shape.micro_batch_size = recipe.training.integer("micro_batch_size");
   shape.grad_accum_steps = recipe.training.integer("grad_accum_steps");
+  const int64_t atom = recipe.training.integer("reproducible_atom");
+  if (recipe.training.boolean("reproducible") && shape.micro_batch_size % atom != 0) {
+    // Atoms are aligned blocks of global positions only when they tile every micro-batch.
+    recipe.training.fail("reproducible_atom",
+                         fmt::format("a divisor of training.micro_batch_size = {}, got {}", shape.micro_batch_size, atom));
+  }
   const int64_t global = recipe.training.integer("global_batch_size");
   if (global == 0) return shape;
   const int64_t per_accum = shape.micro_batch_size * world_size;

@@ -35,14 +35,14 @@ ReproducibleSettings::~ReproducibleSettings() {
 }
 
 int run_exact_passes(ExactGradients& exact, Strategy& strategy, Comm& comm, int64_t count,
-                     const std::function<void(int64_t)>& sample) {
+                     const std::function<void(int64_t)>& atom) {
   for (int pass = 1;; ++pass) {
     exact.begin_pass(count);
-    for (int64_t k = 0; k < count; ++k) sample(k);
+    for (int64_t k = 0; k < count; ++k) atom(k);
     strategy.reduce_gradients_and_norm();
     if (exact.end_pass(comm)) return pass;
     if (pass > 1) {
-      throw TrainingError("reproducible mode ran the same samples twice and got other gradients: an operator is not "
+      throw TrainingError("reproducible mode ran the same atoms twice and got other gradients: an operator is not "
                           "deterministic on this device");
     }
     strategy.discard_gradients();

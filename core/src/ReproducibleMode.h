@@ -15,7 +15,7 @@
 
 namespace trainer {
 
-/// Applies, for its lifetime, what makes a sample's gradient the same bits
+/// Applies, for its lifetime, what makes an atom's gradient the same bits
 /// wherever it is computed: ATen's deterministic algorithms (an operator
 /// without a deterministic variant then throws, naming itself), cuBLAS's
 /// fixed workspace (CUBLAS_WORKSPACE_CONFIG=:4096:8 unless already set), one
@@ -35,16 +35,16 @@ class ReproducibleSettings {
   int threads_ = 1;
 };
 
-/// Collective. Runs one optimizer step's samples as passes of `exact`:
-/// `sample(k)` runs forward and backward of this rank's sample k < count
+/// Collective. Runs one optimizer step's atoms as passes of `exact`:
+/// `atom(k)` runs forward and backward of this rank's atom k < count
 /// through the strategy (one backward each). A pass whose gradients fall
 /// outside the fixed-point scales is reduced and discarded, keeping the
 /// strategy's call order, and run again with scales that fit it; a second
-/// refusal means the same samples gave other gradients (TrainingError:
+/// refusal means the same atoms gave other gradients (TrainingError:
 /// an operator is not deterministic). Returns the passes run (1 or 2);
 /// afterwards the strategy's own sum is reduced, ready to be replaced.
 int run_exact_passes(ExactGradients& exact, Strategy& strategy, Comm& comm, int64_t count,
-                     const std::function<void(int64_t)>& sample);
+                     const std::function<void(int64_t)>& atom);
 
 /// Writes the exact gradient `groups` (ExactGradients::reduce: whole flat
 /// groups) over the strategy's reduced gradient through gradient_slices(),
@@ -56,8 +56,8 @@ void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& grou
 /// holds: no sum over ranks, so every rank and split gets the same bits.
 double whole_norm(const std::vector<torch::Tensor>& groups);
 
-/// Collective. `losses` (fp64, one entry per sample of the global batch)
-/// holds this rank's samples' loss sums at their global positions and zeros
+/// Collective. `losses` (fp64, one entry per atom of the global batch)
+/// holds this rank's atoms' loss sums at their global positions and zeros
 /// elsewhere; returns the sum of all ranks' entries, added in global order
 /// (the all-reduce only adds zeros, which is exact).
 double ordered_loss_sum(torch::Tensor losses, Comm& comm);

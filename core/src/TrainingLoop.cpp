@@ -204,6 +204,7 @@ struct RunParts {
   int64_t parameter_count = 0;
   BatchShape shape;
   // Reproducible mode only; declared last, so the hooks go before the model.
+  int64_t atom = 1;  // samples per forward and backward
   std::unique_ptr<ReproducibleSettings> reproducible;
   std::unique_ptr<ExactGradients> exact;
 };
@@ -255,7 +256,10 @@ RunParts set_up(const Recipe& recipe, PluginRegistry& registry, const WorldInfo&
   run.shape = batch_shape(recipe, run.comm->world_size());
   // After the strategy's setup: its hooks and bound buffers are in place, and
   // these hooks only read the gradients passing through.
-  if (run.reproducible) run.exact = std::make_unique<ExactGradients>(*run.model, run.shape.global_batch_size(), run.device);
+  if (run.reproducible) {
+    run.atom = recipe.training.integer("reproducible_atom");
+    run.exact = std::make_unique<ExactGradients>(*run.model, run.shape.global_batch_size() / run.atom, run.device);
+  }
   return run;
 }
 
@@ -289,9 +293,10 @@ struct UpdateRule {
 };
 
 // This rank's part of the window: the split's micro-batches, or in
-// reproducible mode one micro-batch per sample, so that each sample's
-// forward and backward has the same shapes (and bits) whichever micro-batch
-// or rank it lands in.
+// reproducible mode one micro-batch per atom (run.atom consecutive samples
+// of the global batch, starting at a multiple of the atom), so that each
+// atom's forward and backward has the same inputs and shapes, and so the
+// same bits, whichever micro-batch or rank it lands in.
 std::vector<MicroBatch> collate_window(RunParts& run, const std::vector<int64_t>& global) {
   std::vector<MicroBatch> window;
   for (int64_t m = 0; m < run.shape.grad_accum_steps; ++m) {
@@ -300,7 +305,10 @@ std::vector<MicroBatch> collate_window(RunParts& run, const std::vector<int64_t>
       window.push_back(collate(*run.dataset, run.dataset_name, indices, run.device));
       continue;
     }
-    for (const int64_t index : indices) window.push_back(collate(*run.dataset, run.dataset_name, {index}, run.device));
+    for (size_t first = 0; first < indices.size(); first += static_cast<size_t>(run.atom)) {
+      const std::vector<int64_t> atom(indices.begin() + first, indices.begin() + first + run.atom);
+      window.push_back(collate(*run.dataset, run.dataset_name, atom, run.device));
+    }
   }
   return window;
 }
@@ -314,22 +322,22 @@ LossSum checked_forward(RunParts& run, const MicroBatch& micro) {
   return out;
 }
 
-// Reproducible mode's forward, backward and reduction: every sample's
+// Reproducible mode's forward, backward and reduction: every atom's
 // gradient summed exactly (ExactGradients) and written over the strategy's
 // own sum; the norm and the loss computed the same way whatever the split.
 // A pass whose gradients left the fixed-point scales' range runs again with
 // scales that fit them (the first step's always does: no scale is known yet).
-void reproducible_reduction(RunParts& run, const std::vector<MicroBatch>& samples, int64_t target_tokens,
+void reproducible_reduction(RunParts& run, const std::vector<MicroBatch>& atoms, int64_t target_tokens,
                             StepRecord& record) {
   Strategy& strategy = *run.strategy;
   Comm& comm = *run.comm;
   ExactGradients& exact = *run.exact;
-  const int64_t count = static_cast<int64_t>(samples.size());
-  const int64_t first = comm.rank() * count;  // rank r trains global positions [r count, (r + 1) count)
-  torch::Tensor losses =
-      torch::zeros({run.shape.global_batch_size()}, torch::TensorOptions().dtype(torch::kFloat64).device(run.device));
+  const int64_t count = static_cast<int64_t>(atoms.size());
+  const int64_t first = comm.rank() * count;  // rank r trains the global atoms [r count, (r + 1) count)
+  torch::Tensor losses = torch::zeros({run.shape.global_batch_size() / run.atom},
+                                      torch::TensorOptions().dtype(torch::kFloat64).device(run.device));
   const int passes = run_exact_passes(exact, strategy, comm, count, [&](int64_t k) {
-    const LossSum out = checked_forward(run, samples[k]);
+    const LossSum out = checked_forward(run, atoms[k]);
     losses.narrow(0, first + k, 1).copy_(out.loss_sum.detach().reshape({1}));
     strategy.backward(out.loss_sum / static_cast<double>(target_tokens),
                       MicroStep{k, k == count - 1, count, target_tokens});

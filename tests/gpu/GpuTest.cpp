@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <iostream>
+#include <tuple>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/cuda.h>
@@ -98,6 +99,37 @@ TEST(GpuTraining, SeedScenarioInBf16AgreesAcrossSplitsAndStrategies) {
   const auto result = trainer("compare --rtol 1e-2 " + ddp + dirs);
   std::cout << result.output.substr(result.output.rfind("largest")) << std::endl;
   EXPECT_EQ(result.exit_code, 0) << result.output;
+}
+
+// training.reproducible on CUDA: the (8,1) and (2,4) splits, and another
+// strategy, train the same bits in fp32 and in bf16.
+TEST(GpuTraining, ReproducibleSplitsAreBitIdenticalOnCuda) {
+  REQUIRE_CUDA();
+  for (const char* precision : {"fp32", "bf16"}) {
+    std::vector<std::string> dirs;
+    for (const auto& [strategy, micro, accum] : std::vector<std::tuple<std::string, int, int>>{
+             {"ddp", 8, 1}, {"ddp", 2, 4}, {"zero2", 2, 4}, {"zero3", 1, 8}}) {
+      const std::string dir = scratch_dir(std::string("GpuRepro_") + precision + "_" + strategy + "_" +
+                                          std::to_string(micro) + "x" + std::to_string(accum));
+      const auto result =
+          trainer("run " + source_path("configs/quickstart.toml") + " --set run.output_dir=" + dir +
+                  " --set run.device=cuda --set training.steps=8 --set training.reproducible=true" +
+                  " --set training.precision=" + precision + " --set strategy.name=" + strategy +
+                  " --set training.micro_batch_size=" + std::to_string(micro) +
+                  " --set training.grad_accum_steps=" + std::to_string(accum));
+      ASSERT_EQ(result.exit_code, 0) << result.output;
+      dirs.push_back(dir);
+    }
+    std::string all;
+    for (const std::string& dir : dirs) all += " " + dir;
+    const auto same = trainer("compare --rtol 0" + all);
+    EXPECT_EQ(same.exit_code, 0) << precision << "\n" << same.output;
+    const auto hash = [](const std::string& dir) {
+      const std::string text = testing::read_file(dir + "/summary.json");
+      return text.substr(text.find("parameters_xxh3_128"));
+    };
+    for (const std::string& dir : dirs) EXPECT_EQ(hash(dir), hash(dirs.front())) << precision << " " << dir;
+  }
 }
 
 }  // namespace

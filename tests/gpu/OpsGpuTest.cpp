@@ -8,7 +8,9 @@
 #include <torch/autograd.h>
 #include <torch/cuda.h>
 
+#include "ExactGradients.h"
 #include "trainer/AdamW.h"
+#include "trainer/Comm.h"
 #include "trainer/Model.h"
 #include "trainer/ops/Linear.h"
 #include "trainer/ops/LinearCrossEntropy.h"
@@ -241,6 +243,47 @@ TEST(OpsGpu, FusedAdamWMatchesTheCpuUpdate) {
     EXPECT_LT(relative_error(gpu_state.exp_avg, cpu_state.exp_avg), 1e-6) << "offset " << offset;
     EXPECT_LT(relative_error(gpu_state.exp_avg_sq, cpu_state.exp_avg_sq), 1e-5) << "offset " << offset;
     EXPECT_TRUE(torch::equal(compute, gpu.to(torch::kBFloat16))) << "offset " << offset;
+  }
+}
+
+// Reproducible mode's fused fixed-point kernel (ops/FixedPoint.cu) against
+// the CPU path's LibTorch sequence: the same integers, so the same sum, the
+// same largest magnitude and the same scales, for fp32 and bf16 gradients.
+class Pushed : public Model {
+ public:
+  Pushed(torch::Device device, torch::Dtype dtype)
+      : w_(torch::zeros({300, 7}, torch::TensorOptions().device(device).dtype(dtype)).requires_grad_()) {}
+  std::vector<NamedParameter> parameters() override { return {{"w", w_, true}}; }
+  LossSum forward(const Batch&) override { return {}; }
+  int64_t vocab_size() const override { return 1; }
+  void push(const torch::Tensor& c) { (w_ * c.to(w_.device(), w_.scalar_type())).sum().backward(); }
+
+ private:
+  torch::Tensor w_;
+};
+
+TEST(OpsGpu, FixedPointKernelGivesTheCpuPathsSum) {
+  REQUIRE_CUDA();
+  const std::unique_ptr<Comm> comm = make_single_process_comm();
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    torch::manual_seed(4);
+    std::vector<torch::Tensor> parts;
+    for (int i = 0; i < 16; ++i) parts.push_back(torch::randn({300, 7}) * torch::pow(2.0, -30.0 * torch::rand({300, 7})));
+    std::vector<std::vector<torch::Tensor>> sums;
+    std::vector<std::vector<int64_t>> scales;
+    for (const torch::Device device : {torch::Device(torch::kCPU), kCuda}) {
+      Pushed model(device, dtype);
+      ExactGradients exact(model, 16, device);
+      for (int pass = 0; pass < 2; ++pass) {
+        exact.begin_pass(16);
+        for (const torch::Tensor& c : parts) model.push(c);
+        if (exact.end_pass(*comm)) break;
+      }
+      sums.push_back(exact.reduce(*comm));
+      scales.push_back(exact.exponents());
+    }
+    EXPECT_EQ(scales[0], scales[1]) << dtype;
+    EXPECT_TRUE(torch::equal(sums[0][0], sums[1][0].cpu())) << dtype;
   }
 }
 

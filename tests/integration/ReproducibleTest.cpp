@@ -90,6 +90,29 @@ TEST(Reproducible, ResumedUnderAnotherWorldSizeAndStrategyIsTheSameRun) {
   EXPECT_EQ(weights_hash(straight), weights_hash(moved));
 }
 
+TEST(Reproducible, LargerAtomsAgreeAcrossSplitsTheyTile) {
+  // Atoms of 4 samples: every split whose micro-batch is a multiple of 4.
+  std::vector<std::string> dirs;
+  for (const auto& [strategy, split] : std::vector<std::pair<std::string, Split>>{
+           {"ddp", {8, 1, 1}}, {"zero2", {4, 2, 1}}, {"zero3", {4, 1, 2}}}) {
+    dirs.push_back(scratch_dir("ReproAtom4_" + strategy + "_" + split.text()));
+    const auto result = trainer("run " + testing::quickstart_recipe() + " --set run.output_dir=" + dirs.back() +
+                                " --set training.steps=6 --set training.reproducible_atom=4" +
+                                split_args(strategy, split));
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+  }
+  const auto same = trainer("compare --rtol 0 " + dirs[0] + " " + dirs[1] + " " + dirs[2]);
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+  for (const std::string& dir : dirs) EXPECT_EQ(weights_hash(dir), weights_hash(dirs.front())) << dir;
+  // A split the atom does not tile is refused before training, naming the key.
+  const auto refused = trainer("run " + testing::quickstart_recipe() + " --set run.output_dir=" +
+                               scratch_dir("ReproAtom4Refused") + " --set training.reproducible_atom=4" +
+                               split_args("ddp", {2, 4, 1}));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("training.reproducible_atom"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("a divisor of training.micro_batch_size = 2"), std::string::npos) << refused.output;
+}
+
 TEST(Reproducible, WithoutTheModeSplitsDifferByRounding) {
   // The negative control: the same two splits without the mode do not agree
   // bit for bit (they agree to ~1e-7, TrainingInvarianceTest).

@@ -1,4 +1,5 @@
-// Launchers of the project's own CUDA kernels (Rotary.cu, SwiGlu.cu, CrossEntropy.cu, AdamW.cu). Plain
+// Launchers of the project's own CUDA kernels (Rotary.cu, SwiGlu.cu, CrossEntropy.cu, AdamW.cu,
+// FixedPoint.cu). Plain
 // pointers and a stream: the kernels see no LibTorch header, so nvcc never
 // compiles LibTorch's headers. Built only where CUDA parts are on.
 #pragma once
@@ -54,6 +55,13 @@ struct AdamWScalars {
 /// `compute_bf16` is null, the updated parameters rounded to bf16 there too.
 void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, void* compute_bf16, int64_t n,
                 const AdamWScalars& scalars, cudaStream_t stream);
+
+/// Reproducible mode's fixed-point step over `n` gradient elements: with
+/// `add`, sums[i] += clamp(round_half_even(gradient[i] * scale), -limit,
+/// limit); always *largest = max(*largest, max |gradient[i]|) (NaN wins).
+/// `scale` must be a power of two, *largest non-negative.
+void fixed_point_add(Dtype dtype, const void* gradient, int64_t* sums, int64_t n, double scale, double limit, bool add,
+                     double* largest, cudaStream_t stream);
 
 /// The CUDA error of the last launch as text, or nullptr when there was none.
 const char* last_error();
