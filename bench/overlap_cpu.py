@@ -27,7 +27,9 @@ ARMS = [
     ("ddp, overlap (default)", "ddp", ["strategy.bucket_mb=0.02"]),
     ("zero2, one 25 MB bucket", "zero2", []),
     ("zero2, 0.02 MB buckets", "zero2", ["strategy.bucket_mb=0.02"]),
-    ("zero3", "zero3", []),
+    ("zero3, no prefetch", "zero3", ["strategy.prefetch=0"]),
+    ("zero3, prefetch 1 (default)", "zero3", []),
+    ("zero3, prefetch 2", "zero3", ["strategy.prefetch=2"]),
 ]
 
 

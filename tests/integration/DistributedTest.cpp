@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <thread>
 
 #include "TestSupport.h"
@@ -88,15 +89,22 @@ TEST(Distributed, CommunicationLatencyChangesNoBits) {
       {"ddp_overlap", "ddp --set strategy.bucket_mb=0.02"},
       {"ddp_boundary", "ddp --set strategy.bucket_mb=0.02 --set strategy.overlap=false"},
       {"zero2", "zero2 --set strategy.bucket_mb=0.02"},
-      {"zero3", "zero3"}};
+      {"zero3", "zero3"},
+      {"zero3_prefetch2", "zero3 --set strategy.prefetch=2"},
+      {"zero3_no_prefetch", "zero3 --set strategy.prefetch=0"}};
+  std::map<std::string, std::vector<double>> plain_of;
   for (const auto& [name, strategy] : strategies) {
     const std::vector<double> plain = losses("Latency_plain_" + name, base + strategy);
+    plain_of[name] = plain;
     setenv("TRAINER_COMM_DELAY_MS", "20", 1);
     const std::vector<double> late = losses("Latency_delayed_" + name, base + strategy + " --set distributed.backend=" + delayed);
     unsetenv("TRAINER_COMM_DELAY_MS");
     ASSERT_EQ(plain.size(), 4u) << name;
     EXPECT_EQ(late, plain) << name;
   }
+  // zero3's prefetch depth changes when parameters arrive, never the sums.
+  EXPECT_EQ(plain_of["zero3_prefetch2"], plain_of["zero3"]);
+  EXPECT_EQ(plain_of["zero3_no_prefetch"], plain_of["zero3"]);
 }
 
 TEST(Distributed, KilledWorkerEndsTheJobNamingTheRank) {

@@ -80,6 +80,11 @@ TEST(Strategies, ZeroMemoryFormulasAtWorldSizeFour) {
     dirs[s] = run("W4_" + s, "configs/quickstart.toml",
                   "--set training.steps=2 --set training.micro_batch_size=2 --nproc 4 --set strategy.name=" + s);
   }
+  dirs["zero3_prefetch0"] = run("W4_zero3_prefetch0", "configs/quickstart.toml",
+                                "--set training.steps=2 --set training.micro_batch_size=2 --nproc 4 "
+                                "--set strategy.name=zero3 --set strategy.prefetch=0");
+  EXPECT_EQ(read_file(dirs["zero3"] + "/summary.json"), read_file(dirs["zero3_prefetch0"] + "/summary.json"))
+      << "prefetch changes when parameters arrive, not the result";
   // quickstart's qwen2: 82496 parameters in two groups, so padding to a
   // multiple of 4 adds at most 2 x 3 elements per rank.
   const double padding = 2 * 3 * 4;
@@ -96,10 +101,13 @@ TEST(Strategies, ZeroMemoryFormulasAtWorldSizeFour) {
                   memory_of(dirs["zero3"], rank, "optimizer_bytes"),
               quarter_of(p + g + o));
     // Largest units: a block of 2 * 64^2 (q, o) + 2 * 32 * 64 (k, v) + 3 * 64 * 128 (MLP) + 64 + 2 * 32 (biases)
-    // + 2 * 64 (norms) = 37120 parameters; two of them in fp32.
+    // + 2 * 64 (norms) = 37120 parameters; 2 + prefetch (default 1) of them in fp32.
     const int64_t peak = memory_of(dirs["zero3"], rank, "peak_gathered_parameter_bytes");
-    EXPECT_GT(peak, 0);
-    EXPECT_LE(peak, 2 * 37120 * 4);
+    const int64_t unprefetched = memory_of(dirs["zero3_prefetch0"], rank, "peak_gathered_parameter_bytes");
+    EXPECT_GT(unprefetched, 0);
+    EXPECT_LE(unprefetched, 2 * 37120 * 4);
+    EXPECT_GT(peak, unprefetched) << "a block computes while the next one is gathered";
+    EXPECT_LE(peak, 3 * 37120 * 4);
     // zero2's full-gradient buckets during backward: with the default 25 MB one bucket holds the whole model.
     EXPECT_EQ(memory_of(dirs["zero2"], rank, "peak_transient_gradient_bytes"), 82496 * 4);
   }

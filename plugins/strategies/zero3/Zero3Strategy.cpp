@@ -13,7 +13,13 @@
 // again before the unit's backward and binds a per-unit gradient buffer;
 // once every parameter of the unit has its gradient, that buffer is
 // reduce-scattered and added into the shard accumulator, and both buffers
-// are released. So at most two units are gathered at a time.
+// are released. With `prefetch` = k (default 1) the all-gathers of the next
+// k units are in flight while a unit computes (the following units in
+// forward, the preceding ones in backward), and a unit's reduce-scatter
+// runs while the units before it compute backward; it is added into the
+// shard when the next one starts, or when backward ends. So at most 2 + k
+// units are gathered at a time (2 with prefetch 0). The order of every sum
+// is the same either way: prefetch changes when results arrive, not them.
 //
 // Shards are the same slices of the same flat layout as zero1/zero2
 // (flatten_parameters), so at world size 1 the arithmetic is ddp's. A unit
@@ -63,6 +69,17 @@ struct UnitRange {
   int64_t longest = 0;        // collectives pad every piece to this
   torch::Tensor values;       // gathered parameters (storage released when not gathered)
   torch::Tensor grads;        // gradient buffer while the unit runs backward
+  torch::Tensor send, received;  // an all-gather in flight: this rank's piece and every rank's
+  std::unique_ptr<CommWork> gathering;
+};
+
+// A unit's reduce-scatter in flight: each range's result, added into the
+// shard accumulator once it has arrived.
+struct PendingReduction {
+  std::vector<std::pair<size_t, torch::Tensor>> received;  // (range index, this rank's summed piece)
+  std::vector<torch::Tensor> sent;                         // kept alive until the work completes
+  std::vector<std::unique_ptr<CommWork>> works;
+  size_t unit = 0;
 };
 
 struct Unit {
@@ -71,7 +88,8 @@ struct Unit {
   std::vector<torch::Tensor> params;
   std::vector<std::pair<size_t, int64_t>> param_at;  // per param: (range, offset in the range)
   size_t ready = 0;       // parameters whose gradient arrived in this backward
-  bool gathered = false;
+  bool gathered = false;  // values hold the parameters, or will once the gathers in flight arrive
+  bool in_flight = false; // gathers in flight (prefetched)
   bool entered = false;   // entered in the current forward
   bool in_backward = false;
 };
@@ -79,7 +97,8 @@ struct Unit {
 class Zero3Strategy final : public Strategy, public UnitHooks {
  public:
   explicit Zero3Strategy(const Options& options)
-      : reduce_dtype_(options.text("reduce_dtype") == "bf16" ? torch::kBFloat16 : torch::kFloat32) {}
+      : reduce_dtype_(options.text("reduce_dtype") == "bf16" ? torch::kBFloat16 : torch::kFloat32),
+        prefetch_(options.integer("prefetch")) {}
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
     comm_ = &comm;
@@ -121,11 +140,16 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
   }
 
   void backward(const torch::Tensor& loss, const MicroStep&) override {
+    in_backward_pass_ = true;
     loss.backward();
+    in_backward_pass_ = false;
     // Units whose parameters did not all receive a gradient are reduced now.
     for (Unit& unit : units_) {
       if (unit.in_backward) finish_backward(unit);
     }
+    complete_reduction();
+    // A unit prefetched for a backward that did not come (none used its output).
+    for (Unit& unit : units_) release_unit(unit);
   }
 
   // UnitHooks
@@ -133,6 +157,13 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     Unit& unit = units_.at(index);
     unit.entered = true;
     gather(unit);
+    // The next units' parameters travel while this one computes (not in a
+    // recomputation inside backward, whose next units are done).
+    if (torch::GradMode::is_enabled() && !in_backward_pass_) {
+      for (size_t next = index + 1; next < units_.size() && next <= index + static_cast<size_t>(prefetch_); ++next) {
+        start_gather(units_[next]);
+      }
+    }
   }
 
   torch::Tensor after_unit(size_t index, const torch::Tensor& output) override {
@@ -251,7 +282,9 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     }
   }
 
-  void gather(Unit& unit) {
+  // Allocates the unit's buffers and starts its all-gathers; the parameters
+  // are usable after finish_gather.
+  void start_gather(Unit& unit) {
     if (unit.gathered) return;
     torch::NoGradGuard no_grad;
     const int rank = comm_->rank();
@@ -265,23 +298,42 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
         continue;
       }
       // Gathered in the compute dtype: bf16 halves the traffic.
-      torch::Tensor send = torch::zeros({r.longest}, r.values.options());
+      r.send = torch::zeros({r.longest}, r.values.options());
       if (mine.size() > 0) {
-        send.narrow(0, 0, mine.size()).copy_(s.values.narrow(0, mine.begin - s.shard.offset, mine.size()));
+        r.send.narrow(0, 0, mine.size()).copy_(s.values.narrow(0, mine.begin - s.shard.offset, mine.size()));
       }
-      torch::Tensor received = torch::empty({r.longest * comm_->world_size()}, r.values.options());
-      comm_->all_gather(send, received);
-      for (size_t p = 0; p < r.pieces.size(); ++p) {
-        const Piece& piece = r.pieces[p];
-        if (piece.size() == 0) continue;
-        r.values.narrow(0, piece.begin - r.begin, piece.size()).copy_(received.narrow(0, p * r.longest, piece.size()));
-      }
+      r.received = torch::empty({r.longest * comm_->world_size()}, r.values.options());
+      r.gathering = comm_->all_gather_async(r.send, r.received);
+      unit.in_flight = true;
     }
     unit.gathered = true;
     peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
   }
 
+  // Waits for the unit's all-gathers and lays the pieces out in its buffers.
+  void finish_gather(Unit& unit) {
+    if (!unit.in_flight) return;
+    torch::NoGradGuard no_grad;
+    for (UnitRange& r : unit.ranges) {
+      r.gathering->wait();
+      for (size_t p = 0; p < r.pieces.size(); ++p) {
+        const Piece& piece = r.pieces[p];
+        if (piece.size() == 0) continue;
+        r.values.narrow(0, piece.begin - r.begin, piece.size()).copy_(r.received.narrow(0, p * r.longest, piece.size()));
+      }
+      r.gathering.reset();
+      r.send = r.received = torch::Tensor();
+    }
+    unit.in_flight = false;
+  }
+
+  void gather(Unit& unit) {
+    start_gather(unit);
+    finish_gather(unit);
+  }
+
   void release_unit(Unit& unit) {
+    finish_gather(unit);  // never free a buffer a collective still writes into
     if (!unit.gathered && !unit.ranges.empty() && unit.ranges.front().values.storage().nbytes() == 0) return;
     for (UnitRange& r : unit.ranges) {
       if (unit.gathered) gathered_bytes_ -= r.values.numel() * r.values.element_size();
@@ -294,6 +346,9 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     std::lock_guard<std::mutex> lock(mutex_);
     if (unit.in_backward) return;
     gather(unit);
+    // The preceding units run backward next: their parameters travel now.
+    const size_t index = static_cast<size_t>(&unit - units_.data());
+    for (size_t k = 1; k <= static_cast<size_t>(prefetch_) && k <= index; ++k) start_gather(units_[index - k]);
     // fp32 whatever the compute dtype: autograd widens bf16 gradients exactly as it adds them.
     for (UnitRange& r : unit.ranges) r.grads = torch::zeros(r.values.sizes(), r.values.options().dtype(torch::kFloat32));
     for (size_t i = 0; i < unit.params.size(); ++i) {
@@ -305,13 +360,17 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     unit.in_backward = true;
   }
 
-  // Reduce-scatters the unit's gradient into the shard accumulators (added,
-  // never overwritten) and releases its buffers.
+  // Starts the reduce-scatter of the unit's gradient (added into the shard
+  // accumulators, never overwritten, by complete_reduction) and releases
+  // its buffers. The previous unit's reduction completes first: one in flight.
   void finish_backward(Unit& unit) {
     torch::NoGradGuard no_grad;
+    complete_reduction();
     const int world = comm_->world_size();
-    const int rank = comm_->rank();
-    for (UnitRange& r : unit.ranges) {
+    PendingReduction pending;
+    pending.unit = static_cast<size_t>(&unit - units_.data());
+    for (size_t k = 0; k < unit.ranges.size(); ++k) {
+      UnitRange& r = unit.ranges[k];
       OptimizerShard& s = optimizer_.groups()[r.group];
       if (world == 1 && reduce_dtype_ == torch::kFloat32) {  // a reduce-scatter over one rank adds the whole range
         s.gradient.narrow(0, r.begin - s.shard.offset, r.grads.numel()).add_(r.grads);
@@ -325,19 +384,40 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
         send.narrow(0, p * r.longest, piece.size()).copy_(r.grads.narrow(0, piece.begin - r.begin, piece.size()));
       }
       torch::Tensor received = torch::empty({r.longest}, send.options());
-      comm_->reduce_scatter_sum(send, received);
-      const Piece& mine = r.pieces[rank];
-      if (mine.size() > 0) {
-        s.gradient.narrow(0, mine.begin - s.shard.offset, mine.size()).add_(received.narrow(0, 0, mine.size()));
-      }
+      pending.works.push_back(comm_->reduce_scatter_sum_async(send, received));
+      pending.received.emplace_back(k, received);
+      pending.sent.push_back(send);
       r.grads = torch::Tensor();
     }
     for (torch::Tensor& param : unit.params) param.mutable_grad() = torch::Tensor();
     unit.in_backward = false;
     release_unit(unit);
+    if (!pending.works.empty()) reduction_ = std::make_unique<PendingReduction>(std::move(pending));
+  }
+
+  // Waits for the reduce-scatter in flight and adds this rank's piece of it
+  // into the shard accumulators.
+  void complete_reduction() {
+    if (!reduction_) return;
+    torch::NoGradGuard no_grad;
+    const std::unique_ptr<PendingReduction> pending = std::move(reduction_);
+    const Unit& unit = units_.at(pending->unit);
+    for (size_t i = 0; i < pending->works.size(); ++i) {
+      pending->works[i]->wait();
+      const auto& [k, received] = pending->received[i];
+      const UnitRange& r = unit.ranges[k];
+      OptimizerShard& s = optimizer_.groups()[r.group];
+      const Piece& mine = r.pieces[comm_->rank()];
+      if (mine.size() > 0) {
+        s.gradient.narrow(0, mine.begin - s.shard.offset, mine.size()).add_(received.narrow(0, 0, mine.size()));
+      }
+    }
   }
 
   torch::Dtype reduce_dtype_;
+  int64_t prefetch_;
+  std::unique_ptr<PendingReduction> reduction_;
+  bool in_backward_pass_ = false;
   torch::Dtype compute_dtype_ = torch::kFloat32;
   Comm* comm_ = nullptr;
   Model* model_ = nullptr;
@@ -354,6 +434,10 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
 constexpr KeySpec kKeys[] = {
     {"reduce_dtype", ValueType::String, "'fp32'", "dtype of each unit's gradient reduce-scatter", -kNoLimit, kNoLimit,
      "fp32|bf16"},
+    {"prefetch", ValueType::Int, "1",
+     "units whose all-gather is in flight while a unit computes (the next in forward, the previous in backward); "
+     "0: gather each unit when it starts",
+     0, 64},
 };
 
 Component* create(const Options& options, const Context&) { return new Zero3Strategy(options); }
