@@ -55,7 +55,8 @@ struct ConformanceRow {
   /// Rank 0: the consolidated weights' change vs the reference's (as param_error); -1 elsewhere.
   double final_weights_error = -1;
   /// Reproducible mode's gradient: error as grad_error, and 52 bits of the
-  /// hash of the whole gradient, which every split must share.
+  /// hash of the whole gradient, which every split must share; both -2 when
+  /// the mode stopped with an error (printed).
   double reproducible_error = -1;
   double reproducible_hash = -1;
 };

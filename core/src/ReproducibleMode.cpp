@@ -49,8 +49,21 @@ int run_exact_passes(ExactGradients& exact, Strategy& strategy, Comm& comm, int6
   }
 }
 
-void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& groups, const std::string& strategy_name) {
+void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& groups, const std::string& strategy_name,
+                      bool probe) {
   torch::NoGradGuard no_grad;
+  const auto refuse = [&] {
+    throw TrainingError(fmt::format("strategy '{}': writing into gradient_slices() did not change the gradient it "
+                                    "holds; training.reproducible = true needs them to be views of the gradient "
+                                    "apply_update reads (trainer/Strategy.h)",
+                                    strategy_name));
+  };
+  if (probe) {
+    for (const FlatSlice& slice : strategy.gradient_slices()) slice.values.fill_(std::nan(""));
+    for (const FlatSlice& slice : strategy.gradient_slices()) {
+      if (slice.values.numel() > 0 && !slice.values.isnan().all().item<bool>()) refuse();
+    }
+  }
   const auto source_of = [&](const FlatSlice& slice) {
     if (slice.group >= groups.size() || slice.offset < 0 || slice.offset > groups[slice.group].numel()) {
       throw TrainingError(fmt::format("strategy '{}': a gradient slice (group {}, offset {}) lies outside the model's "
@@ -66,12 +79,7 @@ void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& grou
   }
   for (const FlatSlice& slice : strategy.gradient_slices()) {
     const auto [n, source] = source_of(slice);
-    if (!torch::equal(slice.values.narrow(0, 0, n).to(source.dtype()), source)) {
-      throw TrainingError(fmt::format("strategy '{}': writing into gradient_slices() did not change the gradient it "
-                                      "holds; training.reproducible = true needs them to be views of the gradient "
-                                      "apply_update reads (trainer/Strategy.h)",
-                                      strategy_name));
-    }
+    if (!torch::equal(slice.values.narrow(0, 0, n).to(source.dtype()), source)) refuse();
   }
 }
 

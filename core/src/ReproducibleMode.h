@@ -48,9 +48,12 @@ int run_exact_passes(ExactGradients& exact, Strategy& strategy, Comm& comm, int6
 
 /// Writes the exact gradient `groups` (ExactGradients::reduce: whole flat
 /// groups) over the strategy's reduced gradient through gradient_slices(),
-/// and reads it back. Throws TrainingError naming the strategy when the
-/// slices are not views of what apply_update reads.
-void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& groups, const std::string& strategy_name);
+/// and reads it back. With `probe` (a run's first step) NaN is written and
+/// read back first, so slices that are copies are caught even where the
+/// strategy's own sum happens to equal the exact one. Throws TrainingError
+/// naming the strategy when the slices are not views of the gradient it holds.
+void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& groups, const std::string& strategy_name,
+                      bool probe);
 
 /// The L2 norm of the whole gradient, from the whole groups every rank
 /// holds: no sum over ranks, so every rank and split gets the same bits.

@@ -204,7 +204,8 @@ struct RunParts {
   int64_t parameter_count = 0;
   BatchShape shape;
   // Reproducible mode only; declared last, so the hooks go before the model.
-  int64_t atom = 1;  // samples per forward and backward
+  int64_t atom = 1;              // samples per forward and backward
+  bool gradient_probed = false;  // install_gradient's check for copies ran
   std::unique_ptr<ReproducibleSettings> reproducible;
   std::unique_ptr<ExactGradients> exact;
 };
@@ -352,7 +353,8 @@ void reproducible_reduction(RunParts& run, const std::vector<MicroBatch>& atoms,
     return;
   }
   const std::vector<torch::Tensor> gradient = exact.reduce(comm);
-  install_gradient(strategy, gradient, run.strategy_name);
+  install_gradient(strategy, gradient, run.strategy_name, /*probe=*/!run.gradient_probed);
+  run.gradient_probed = true;
   record.grad_norm = whole_norm(gradient);
 }
 

@@ -41,6 +41,9 @@ TEST_P(Conformance, MatchesTheFp64Reference) {
     EXPECT_LE(row.at("grad_error"), 1e-5) << "rank " << row.at("rank");
     EXPECT_LE(row.at("norm_error"), 1e-5) << "rank " << row.at("rank");
     EXPECT_LE(row.at("param_error"), 1e-4) << "rank " << row.at("rank");
+    // Reproducible mode's exact sum: as close to fp64 as the plain one.
+    EXPECT_GE(row.at("reproducible_error"), 0.0) << "rank " << row.at("rank");
+    EXPECT_LE(row.at("reproducible_error"), 1e-5) << "rank " << row.at("rank");
     // World size 1: the same arithmetic as ddp, so the same bits.
     if (c.split.back() == '1') {
       EXPECT_EQ(row.at("identical_to_ddp"), 1.0);
@@ -97,6 +100,37 @@ TEST(ConformanceNegativeControl, BrokenAccumulatorsFail) {
   const MetricsRow row = read_metrics(dir + "/report.jsonl").at(0);
   EXPECT_LE(row.at("grad_error"), 1e-5);
   EXPECT_GT(row.at("bf16_error"), 100 * row.at("bf16_bound"));
+}
+
+// Reproducible mode in the kit: one gradient, bit for bit, at splits across
+// world sizes 1, 2 and 4; and a strategy whose gradient slices are copies
+// (the exact sum cannot land in it) fails, in the kit and in a run.
+TEST(ConformanceReproducible, OneGradientAtEverySplitAndCopiesFail) {
+  const std::string dir = scratch_dir("ConformanceReproducible");
+  auto result = trainer("check-plugin zero3 --split 8,1,1 --split 1,8,1 --split 2,2,2 --split 1,2,4 --report " + dir +
+                        "/report.jsonl");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const std::vector<MetricsRow> rows = read_metrics(dir + "/report.jsonl");
+  ASSERT_EQ(rows.size(), 1u + 1u + 2u + 4u);
+  for (const MetricsRow& row : rows) {
+    EXPECT_EQ(row.at("reproducible_identical"), 1.0) << "world " << row.at("world") << " rank " << row.at("rank");
+    EXPECT_LE(row.at("reproducible_error"), 1e-5);
+  }
+  const std::string plugin = std::string(TRAINER_FIXTURE_DIR) + "/strategies/trainer-strategy-gradient-copies.so";
+  result = trainer("check-plugin " + plugin + " --split 8,1,1 --report " + dir + "/copies.jsonl");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("gradient_slices() did not change"), std::string::npos) << result.output;
+  EXPECT_EQ(read_metrics(dir + "/copies.jsonl").at(0).at("reproducible_error"), -2.0);
+  EXPECT_LE(read_metrics(dir + "/copies.jsonl").at(0).at("grad_error"), 1e-5) << "its plain gradients are right";
+  const std::string recipe = write_file(dir + "/recipe.toml", "[run]\noutput_dir = '" + dir + "/run'\n"
+                                        "[model]\nname = 'qwen2'\n[dataset]\nname = 'synthetic'\n"
+                                        "[training]\nsteps = 2\nmicro_batch_size = 2\nreproducible = true\n"
+                                        "[strategy]\nname = '" + plugin + "'\n");
+  result = trainer("run " + recipe);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("strategy 'gradient-copies': writing into gradient_slices() did not change"),
+            std::string::npos)
+      << result.output;
 }
 
 // Slices that break the rule checkpoints and the final weights are built by

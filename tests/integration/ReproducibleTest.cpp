@@ -71,23 +71,29 @@ TEST(Reproducible, ResumedUnderAnotherWorldSizeAndStrategyIsTheSameRun) {
   // The quickstart's 10 warmup steps make the first 8 steps' learning rates
   // independent of training.steps, so a 4-step run is the first half of an 8-step one.
   const std::string recipe = testing::quickstart_recipe();
-  const std::string straight = scratch_dir("ReproStraight"), moved = scratch_dir("ReproMoved");
-  const auto a = trainer("run " + recipe + " --set run.output_dir=" + straight + " --set training.steps=8" +
-                         split_args("zero1", {2, 4, 1}));
-  ASSERT_EQ(a.exit_code, 0) << a.output;
-  const auto b = trainer("run " + recipe + " --set run.output_dir=" + moved +
-                         " --set training.steps=4 --set checkpoint.interval=4" + split_args("zero3", {1, 2, 4}));
-  ASSERT_EQ(b.exit_code, 0) << b.output;
-  const auto c = trainer("run " + recipe + " --set run.output_dir=" + moved +
-                         " --set training.steps=8 --set checkpoint.resume=auto" + split_args("ddp", {4, 1, 2}));
-  ASSERT_EQ(c.exit_code, 0) << c.output;
-  // The scales were restored, not measured again: the first step after the
-  // resume ran once, as it did in the straight run.
-  const std::string rerun = "step 5: gradient scales set";
-  EXPECT_EQ(c.output.find(rerun) == std::string::npos, a.output.find(rerun) == std::string::npos) << c.output;
-  const auto same = trainer("compare --rtol 0 " + straight + " " + moved);
-  EXPECT_EQ(same.exit_code, 0) << same.output;
-  EXPECT_EQ(weights_hash(straight), weights_hash(moved));
+  for (const std::string precision : {"fp32", "bf16"}) {
+    const std::string straight = scratch_dir("ReproStraight_" + precision);
+    const std::string moved = scratch_dir("ReproMoved_" + precision);
+    const std::string common = " --set training.precision=" + precision;
+    const auto a = trainer("run " + recipe + " --set run.output_dir=" + straight + " --set training.steps=8" + common +
+                           split_args("zero1", {2, 4, 1}));
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    const auto b = trainer("run " + recipe + " --set run.output_dir=" + moved +
+                           " --set training.steps=4 --set checkpoint.interval=4" + common +
+                           split_args("zero3", {1, 2, 4}));
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+    const auto c = trainer("run " + recipe + " --set run.output_dir=" + moved +
+                           " --set training.steps=8 --set checkpoint.resume=auto" + common +
+                           split_args("ddp", {4, 1, 2}));
+    ASSERT_EQ(c.exit_code, 0) << c.output;
+    // The scales were restored, not measured again: the first step after the
+    // resume ran once, as it did in the straight run.
+    const std::string rerun = "step 5: gradient scales set";
+    EXPECT_EQ(c.output.find(rerun) == std::string::npos, a.output.find(rerun) == std::string::npos) << c.output;
+    const auto same = trainer("compare --rtol 0 " + straight + " " + moved);
+    EXPECT_EQ(same.exit_code, 0) << precision << "\n" << same.output;
+    EXPECT_EQ(weights_hash(straight), weights_hash(moved)) << precision;
+  }
 }
 
 TEST(Reproducible, LargerAtomsAgreeAcrossSplitsTheyTile) {
