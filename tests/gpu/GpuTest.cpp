@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <chrono>
 #include <iostream>
+#include <thread>
 #include <tuple>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -13,6 +15,7 @@
 #include "PluginRegistry.h"
 #include "TestSupport.h"
 #include "trainer/Comm.h"
+#include "trainer/Errors.h"
 
 namespace trainer {
 namespace {
@@ -48,6 +51,37 @@ TEST(NcclComm, CollectivesAtOneRank) {
     EXPECT_TRUE(torch::equal(t, expected));
   }
   comm->barrier();
+}
+
+// The watchdog, at one rank: with every collective held back on its stream
+// (TRAINER_FAULT_INJECT=nccl-hang, a peer that never comes), wait() still
+// returns at once (the host does not spin), the communicator is aborted
+// after the timeout, the next collective fails naming the hung one and the
+// rank, and the aborted communicator is not destroyed again.
+TEST(NcclComm, AHungCollectiveIsAbortedOnceAndNamed) {
+  REQUIRE_CUDA();
+  PluginRegistry registry;
+  registry.discover({TRAINER_PLUGIN_DIR});
+  auto comm = PluginRegistry::create<Comm>(registry.find(PluginKind::Comm, "nccl"), Options(), Context());
+  const torch::Device cuda(torch::kCUDA, 0);
+  setenv("TRAINER_FAULT_INJECT", "nccl-hang", 1);
+  comm->connect(CommSetup{c10::make_intrusive<c10d::HashStore>(), 0, 1, std::chrono::seconds(1), cuda});
+  unsetenv("TRAINER_FAULT_INJECT");
+  torch::Tensor t = torch::ones({16}, torch::TensorOptions().device(cuda));
+  const auto start = std::chrono::steady_clock::now();
+  comm->all_reduce_sum_async(t)->wait();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500)) << "wait() blocked the host";
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  try {
+    comm->barrier();
+    ADD_FAILURE() << "a collective after the abort did not fail";
+  } catch (const TrainingError& error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find("nccl all-reduce on rank 0 did not finish within 1 s"), std::string::npos) << what;
+    EXPECT_NE(what.find("aborted"), std::string::npos) << what;
+  }
+  torch::cuda::synchronize();
+  comm.reset();  // no ncclCommDestroy on the aborted communicator: no crash, no hang
 }
 
 std::vector<double> losses(const std::string& name, const std::string& overrides) {
@@ -111,12 +145,11 @@ TEST(GpuTraining, ReproducibleSplitsAreBitIdenticalOnCuda) {
              {"ddp", 8, 1}, {"ddp", 2, 4}, {"zero2", 2, 4}, {"zero3", 1, 8}}) {
       const std::string dir = scratch_dir(std::string("GpuRepro_") + precision + "_" + strategy + "_" +
                                           std::to_string(micro) + "x" + std::to_string(accum));
-      const auto result =
-          trainer("run " + source_path("configs/quickstart.toml") + " --set run.output_dir=" + dir +
-                  " --set run.device=cuda --set training.steps=8 --set training.reproducible=true" +
-                  " --set training.precision=" + precision + " --set strategy.name=" + strategy +
-                  " --set training.micro_batch_size=" + std::to_string(micro) +
-                  " --set training.grad_accum_steps=" + std::to_string(accum));
+      const auto result = trainer("run " + source_path("configs/quickstart.toml") + " --set run.output_dir=" + dir +
+                                  " --set run.device=cuda --set training.steps=8 --set training.reproducible=true" +
+                                  " --set training.precision=" + precision + " --set strategy.name=" + strategy +
+                                  " --set training.micro_batch_size=" + std::to_string(micro) +
+                                  " --set training.grad_accum_steps=" + std::to_string(accum));
       ASSERT_EQ(result.exit_code, 0) << result.output;
       dirs.push_back(dir);
     }

@@ -1,10 +1,21 @@
 // Comm `nccl`: NCCL called directly on the tensors' device. Each collective
 // runs on a dedicated communication stream that first waits for the work
-// queued so far on the caller's stream; wait() makes the caller's stream
-// wait for the collective and, on the host, enforces the job's timeout
-// (a hung peer aborts the communicator instead of hanging the job).
+// queued so far on the caller's stream; wait() only makes the caller's
+// stream wait for it (cudaStreamWaitEvent), the host never spins. A
+// watchdog thread owns the job's timeout: a collective unfinished after
+// distributed.timeout_s, or an asynchronous NCCL error, aborts the
+// communicator once, and the next call of this rank fails naming the
+// collective; an aborted communicator is never destroyed again.
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 
 #include <ATen/cuda/CUDAContext.h>
@@ -42,46 +53,127 @@ ncclDataType_t nccl_type(const torch::Tensor& t) {
   }
 }
 
-class NcclWork final : public CommWork {
- public:
-  NcclWork(cudaEvent_t done, ncclComm_t comm, std::chrono::milliseconds timeout, const char* what,
-           std::vector<torch::Tensor> keep_alive)
-      : done_(done), comm_(comm), timeout_(timeout), what_(what), keep_alive_(std::move(keep_alive)) {}
-  ~NcclWork() override { cudaEventDestroy(done_); }
+// A collective in flight: the event recorded after it on the
+// communication stream. Shared by its work object and the watchdog, so
+// either may outlive the other.
+struct InFlight {
+  cudaEvent_t done = nullptr;
+  const char* what = "";
+  std::chrono::steady_clock::time_point started;
+  ~InFlight() { cudaEventDestroy(done); }
+};
 
-  void wait() override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    while (true) {
-      const cudaError_t state = cudaEventQuery(done_);
-      if (state == cudaSuccess) break;
-      if (state != cudaErrorNotReady) check_cuda(state, "event query");
+// The communicator's only timer. Every collective is queued here when it
+// is launched; the thread wakes every few milliseconds (it sleeps on a
+// condition variable, never spins), drops the finished ones, and on the
+// first one past the timeout, or on an asynchronous NCCL error, aborts the
+// communicator, once, under the lock that launches take, so no collective
+// is ever enqueued on an aborted communicator.
+class Watchdog {
+ public:
+  Watchdog(ncclComm_t comm, std::chrono::milliseconds timeout, int rank, int device)
+      : comm_(comm), timeout_(timeout), rank_(rank), device_(device), thread_([this] { run(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  std::mutex& launch_mutex() { return mutex_; }
+  /// Throws the failure, if any (call with launch_mutex() held or not).
+  void check() const {
+    if (aborted_.load()) throw TrainingError(failure_);
+  }
+  bool aborted() const { return aborted_.load(); }
+  /// With launch_mutex() held.
+  void watch(std::shared_ptr<InFlight> work) { pending_.push_back(std::move(work)); }
+
+ private:
+  void run() {
+    cudaSetDevice(device_);  // the communicator's device, for the event queries
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stopping_ && !aborted_.load()) {
+      wake_.wait_for(lock, std::chrono::milliseconds(5));
+      while (!pending_.empty() && cudaEventQuery(pending_.front()->done) == cudaSuccess) pending_.pop_front();
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
       if (async != ncclSuccess && async != ncclInProgress) {
-        throw TrainingError(fmt::format("nccl {} failed: {}", what_, ncclGetErrorString(async)));
+        abort(fmt::format("nccl failed on rank {}: {}{}", rank_, ncclGetErrorString(async),
+                          pending_.empty() ? "" : fmt::format(" (in {})", pending_.front()->what)));
+      } else if (!pending_.empty() && std::chrono::steady_clock::now() - pending_.front()->started > timeout_) {
+        abort(fmt::format("nccl {} on rank {} did not finish within {} s (distributed.timeout_s: a peer died or "
+                          "hangs); the communicator was aborted",
+                          pending_.front()->what, rank_, timeout_.count() / 1000.0));
       }
-      if (std::chrono::steady_clock::now() > deadline) {
-        ncclCommAbort(comm_);
-        throw TrainingError(fmt::format("nccl {} did not finish within {} s (a peer died or hangs); communicator "
-                                        "aborted", what_, timeout_.count() / 1000.0));
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-    check_cuda(cudaStreamWaitEvent(at::cuda::getCurrentCUDAStream().stream(), done_, 0), "stream wait");
+  }
+
+  // With mutex_ held. The message goes to stderr at once too: a thread of
+  // this rank may be blocked on the device until the abort frees it.
+  void abort(const std::string& failure) {
+    failure_ = failure;
+    std::fprintf(stderr, "%s\n", failure.c_str());
+    released_hang().store(true);  // an injected hang lets its stream go before the abort
+    ncclCommAbort(comm_);
+    pending_.clear();
+    aborted_.store(true);
+  }
+
+ public:
+  /// Tests: a collective held back on its stream until the watchdog aborts.
+  static std::atomic<bool>& released_hang() {
+    static std::atomic<bool> released{false};
+    return released;
   }
 
  private:
-  cudaEvent_t done_;
   ncclComm_t comm_;
   std::chrono::milliseconds timeout_;
-  const char* what_;
+  int rank_;
+  int device_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<InFlight>> pending_;
+  std::string failure_;
+  std::atomic<bool> aborted_{false};
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts once everything above exists
+};
+
+class NcclWork final : public CommWork {
+ public:
+  NcclWork(std::shared_ptr<InFlight> work, const Watchdog& watchdog, std::vector<torch::Tensor> keep_alive)
+      : work_(std::move(work)), watchdog_(watchdog), keep_alive_(std::move(keep_alive)) {}
+
+  // Ordered on the GPU: later work on the caller's stream waits for the
+  // collective; the host goes on at once.
+  void wait() override {
+    watchdog_.check();
+    check_cuda(cudaStreamWaitEvent(at::cuda::getCurrentCUDAStream().stream(), work_->done, 0), "stream wait");
+  }
+
+ private:
+  std::shared_ptr<InFlight> work_;
+  const Watchdog& watchdog_;
   std::vector<torch::Tensor> keep_alive_;
 };
+
+// Tests (TRAINER_FAULT_INJECT=nccl-hang at connect): a host function ahead of
+// every collective on the communication stream holds it back until the
+// watchdog aborts, as a peer that never comes would.
+void CUDART_CB hold_until_aborted(void*) {
+  while (!Watchdog::released_hang().load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
 
 class NcclComm final : public Comm {
  public:
   ~NcclComm() override {
-    if (comm_) ncclCommDestroy(comm_);
+    const bool aborted = watchdog_ && watchdog_->aborted();
+    watchdog_.reset();
+    if (comm_ && !aborted) ncclCommDestroy(comm_);  // an aborted communicator is already freed
   }
 
   void connect(const CommSetup& setup) override {
@@ -104,6 +196,9 @@ class NcclComm final : public Comm {
     }
     check_nccl(ncclCommInitRank(&comm_, world_size_, id, rank_), "communicator init");
     stream_ = at::cuda::getStreamFromPool(/*isHighPriority=*/true, device_.index());
+    const char* fault = std::getenv("TRAINER_FAULT_INJECT");
+    inject_hang_ = fault && std::string(fault) == "nccl-hang";
+    watchdog_ = std::make_unique<Watchdog>(comm_, timeout_, rank_, device_.index());
   }
 
   int rank() const override { return rank_; }
@@ -154,18 +249,27 @@ class NcclComm final : public Comm {
       if (!t.is_cuda() || !t.is_contiguous()) throw std::invalid_argument(fmt::format("nccl {}: tensors must be contiguous CUDA tensors", what));
     }
     c10::cuda::CUDAGuard guard(device_);
+    std::lock_guard<std::mutex> lock(watchdog_->launch_mutex());
+    watchdog_->check();  // never enqueue on an aborted communicator
     // Order the collective after everything the caller queued, then let the
-    // caching allocator know the communication stream uses these tensors.
-    cudaEvent_t ready = nullptr, done = nullptr;
+    // caching allocator know the communication stream uses these tensors
+    // (their memory is not reused before the collective ends, even when the
+    // caller drops them right after wait()).
+    cudaEvent_t ready = nullptr;
+    auto work = std::make_shared<InFlight>();
+    work->what = what;
     check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "event create");
-    check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event create");
+    check_cuda(cudaEventCreateWithFlags(&work->done, cudaEventDisableTiming), "event create");
     check_cuda(cudaEventRecord(ready, at::cuda::getCurrentCUDAStream(device_.index()).stream()), "event record");
     check_cuda(cudaStreamWaitEvent(stream_.stream(), ready, 0), "stream wait");
     cudaEventDestroy(ready);
     for (const torch::Tensor& t : tensors) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
+    if (inject_hang_) check_cuda(cudaLaunchHostFunc(stream_.stream(), hold_until_aborted, nullptr), "host function");
     check_nccl(op(stream_.stream()), what);
-    check_cuda(cudaEventRecord(done, stream_.stream()), "event record");
-    return std::make_unique<NcclWork>(done, comm_, timeout_, what, std::move(tensors));
+    check_cuda(cudaEventRecord(work->done, stream_.stream()), "event record");
+    work->started = std::chrono::steady_clock::now();
+    watchdog_->watch(work);
+    return std::make_unique<NcclWork>(std::move(work), *watchdog_, std::move(tensors));
   }
 
   void check_sizes(const torch::Tensor& whole, const torch::Tensor& part, const char* what) const {
@@ -181,6 +285,8 @@ class NcclComm final : public Comm {
   std::chrono::milliseconds timeout_{300000};
   torch::Device device_ = torch::kCPU;
   c10::cuda::CUDAStream stream_ = c10::cuda::getDefaultCUDAStream();
+  bool inject_hang_ = false;
+  std::unique_ptr<Watchdog> watchdog_;  // after comm_: stopped before the communicator goes
 };
 
 Component* create(const Options&, const Context&) { return new NcclComm(); }
