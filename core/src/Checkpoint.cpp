@@ -140,7 +140,10 @@ void check_state_coverage(Strategy& strategy, Model& model, Comm& comm, torch::D
 }
 
 Checkpointer::Checkpointer(std::string root, int64_t keep, std::string fingerprint, std::string strategy_name)
-    : root_(std::move(root)), keep_(keep), fingerprint_(std::move(fingerprint)), strategy_name_(std::move(strategy_name)) {}
+    : root_(std::move(root)),
+      keep_(keep),
+      fingerprint_(std::move(fingerprint)),
+      strategy_name_(std::move(strategy_name)) {}
 
 std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, const TrainingPosition& position) {
   const int rank = comm.rank(), world = comm.world_size();
@@ -183,8 +186,9 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
     _exit(9);  // tests: die with a checkpoint half written
   }
   const Hash128 hash = file_xxh3(shard);
-  const torch::Tensor local = torch::tensor({static_cast<int64_t>(hash.high), static_cast<int64_t>(hash.low),
-                                             static_cast<int64_t>(fs::file_size(shard))}, torch::kInt64);
+  const torch::Tensor local = torch::tensor(
+      {static_cast<int64_t>(hash.high), static_cast<int64_t>(hash.low), static_cast<int64_t>(fs::file_size(shard))},
+      torch::kInt64);
   torch::Tensor all = torch::zeros({3 * world}, torch::kInt64);
   const torch::Device device = slices.empty() ? torch::Device(torch::kCPU) : slices.front().values.device();
   torch::Tensor all_device = all.to(device);
@@ -194,26 +198,27 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
   if (rank == 0) {
     Json files = Json::array(), parameters = Json::array();
     for (int r = 0; r < world; ++r) {
-      const Hash128 h{static_cast<uint64_t>(all[3 * r].item<int64_t>()), static_cast<uint64_t>(all[3 * r + 1].item<int64_t>())};
+      const Hash128 h{static_cast<uint64_t>(all[3 * r].item<int64_t>()),
+                      static_cast<uint64_t>(all[3 * r + 1].item<int64_t>())};
       files.push_back(Json{{"name", fmt::format("rank-{:05d}.safetensors", r)},
                            {"xxh3_128", h.hex()},
                            {"bytes", all[3 * r + 2].item<int64_t>()}});
     }
     for (const NamedParameter& p : model.parameters()) {
-      parameters.push_back(Json{{"name", p.name}, {"numel", p.tensor.numel()}, {"shape", p.tensor.sizes().vec()},
-                                {"decay", p.decay}});
+      parameters.push_back(
+          Json{{"name", p.name}, {"numel", p.tensor.numel()}, {"shape", p.tensor.sizes().vec()}, {"decay", p.decay}});
     }
     Json manifest{{"format", kFormat},
-                        {"step", position.step},
-                        {"applied_updates", position.applied_updates},
-                        {"world_size", world},
-                        {"strategy", strategy_name_},
-                        {"fingerprint", fingerprint_},
-                        {"sampler", fmt::format("a function of (seed, step): resumes at step {}", position.step)},
-                        {"rng", "none used by training"},
-                        {"group_numel", group_numel},
-                        {"files", files},
-                        {"parameters", parameters}};
+                  {"step", position.step},
+                  {"applied_updates", position.applied_updates},
+                  {"world_size", world},
+                  {"strategy", strategy_name_},
+                  {"fingerprint", fingerprint_},
+                  {"sampler", fmt::format("a function of (seed, step): resumes at step {}", position.step)},
+                  {"rng", "none used by training"},
+                  {"group_numel", group_numel},
+                  {"files", files},
+                  {"parameters", parameters}};
     if (!position.gradient_exponents.empty()) {
       Json exponents = Json::array();
       for (const int64_t e : position.gradient_exponents) {
@@ -224,7 +229,8 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
     const std::string manifest_text = manifest.dump(1) + "\n";
     write_file_atomically(temporary / "manifest.json", manifest_text);
     write_file_atomically(temporary / "manifest.xxh3", text_xxh3(manifest_text) + "\n");
-    if (const std::string config = model.hf_config(); !config.empty()) write_file_atomically(temporary / "config.json", config);
+    if (const std::string config = model.hf_config(); !config.empty())
+      write_file_atomically(temporary / "config.json", config);
     fsync_path(temporary);
     remove_tree(final_dir.string());
     fs::rename(temporary, final_dir);
@@ -257,8 +263,8 @@ void Checkpointer::verify(const std::string& dir) {
     const char* key = old_format ? "fnv1a" : "xxh3_128";
     const std::string hash = old_format ? fmt::format("{:016x}", file_fnv1a(shard)) : file_xxh3(shard).hex();
     if (hash != member(f, key, file).get<std::string>()) {
-      throw InputError(fmt::format("{}: checksum {} differs from the manifest's {} (the file is corrupt)", shard.string(),
-                                   hash, member(f, key, file).get<std::string>()));
+      throw InputError(fmt::format("{}: checksum {} differs from the manifest's {} (the file is corrupt)",
+                                   shard.string(), hash, member(f, key, file).get<std::string>()));
     }
   }
 }
@@ -294,9 +300,10 @@ std::string Checkpointer::resolve(const std::string& resume) const {
   }
   // Starting over would overwrite them (and the metrics they belong to).
   if (!candidates.empty()) {
-    throw InputError(fmt::format("checkpoint.resume = 'auto': none of the {} checkpoints under {} verifies (see the "
-                                 "warnings above); repair or move them, or point checkpoint.dir elsewhere",
-                                 candidates.size(), root_));
+    throw InputError(
+        fmt::format("checkpoint.resume = 'auto': none of the {} checkpoints under {} verifies (see the "
+                    "warnings above); repair or move them, or point checkpoint.dir elsewhere",
+                    candidates.size(), root_));
   }
   return "";
 }
@@ -350,14 +357,17 @@ TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, 
   const Json manifest = trainer::manifest::read(dir);
   const fs::path file = fs::path(dir) / "manifest.json";
   if (member(manifest, "fingerprint", file).get<std::string>() != fingerprint_) {
-    throw InputError(fmt::format("{}: written by a run with another model, dataset, optimizer or global batch size; "
-                                 "resume only what the checkpoint was made of", file.string()));
+    throw InputError(
+        fmt::format("{}: written by a run with another model, dataset, optimizer or global batch size; "
+                    "resume only what the checkpoint was made of",
+                    file.string()));
   }
   const std::vector<NamedParameter> params = model.parameters();
   const Json& saved = member(manifest, "parameters", file);
   bool same = saved.size() == params.size();
   for (size_t i = 0; same && i < params.size(); ++i) {
-    same = member(saved[i], "name", file) == params[i].name && member(saved[i], "numel", file) == params[i].tensor.numel();
+    same =
+        member(saved[i], "name", file) == params[i].name && member(saved[i], "numel", file) == params[i].tensor.numel();
   }
   if (!same) throw InputError(fmt::format("{}: the model's parameters differ from the checkpoint's", file.string()));
   const int saved_world = static_cast<int>(member(manifest, "world_size", file).get<int64_t>());
@@ -365,7 +375,8 @@ TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, 
   for (const Json& n : member(manifest, "group_numel", file)) group_numel.push_back(n.get<int64_t>());
   std::vector<std::unique_ptr<SafetensorsReader>> readers;
   for (const Json& f : member(manifest, "files", file)) {
-    readers.push_back(std::make_unique<SafetensorsReader>((fs::path(dir) / member(f, "name", file).get<std::string>()).string()));
+    readers.push_back(
+        std::make_unique<SafetensorsReader>((fs::path(dir) / member(f, "name", file).get<std::string>()).string()));
   }
   torch::NoGradGuard no_grad;
   for (StateSlice& s : strategy.state_slices()) {
@@ -392,15 +403,16 @@ TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, 
   position.applied_updates = member(manifest, "applied_updates", file).get<int64_t>();
   if (const auto found = manifest.find("gradient_exponents"); found != manifest.end()) {
     if (!found->is_array() || found->size() != params.size()) {
-      throw InputError(fmt::format("{}: 'gradient_exponents' must be an array of one integer (or null) per "
-                                   "parameter, {} of them",
-                                   file.string(), params.size()));
+      throw InputError(
+          fmt::format("{}: 'gradient_exponents' must be an array of one integer (or null) per "
+                      "parameter, {} of them",
+                      file.string(), params.size()));
     }
     for (const Json& e : *found) {
       // Scales beyond 2^±1100 fit no fp32 gradient: a damaged or foreign manifest.
       if (!e.is_null() && (!e.is_number_integer() || e.get<int64_t>() < -1100 || e.get<int64_t>() > 1100)) {
-        throw InputError(fmt::format("{}: 'gradient_exponents' holds {}; expected an integer in [-1100, 1100] or null", file.string(),
-                                     e.dump()));
+        throw InputError(fmt::format("{}: 'gradient_exponents' holds {}; expected an integer in [-1100, 1100] or null",
+                                     file.string(), e.dump()));
       }
       position.gradient_exponents.push_back(e.is_null() ? ExactGradients::kUnknown : e.get<int64_t>());
     }

@@ -89,8 +89,8 @@ std::vector<KeyDifference> recipe_differences(const std::vector<std::string>& di
       try {
         flatten(parse_toml_file(file, "recipe"), "", keys);
       } catch (const toml::parse_error& error) {
-        notes.push_back(fmt::format("{}: not a readable recipe ({}); its keys are not compared", file,
-                                    error.description()));
+        notes.push_back(
+            fmt::format("{}: not a readable recipe ({}); its keys are not compared", file, error.description()));
       } catch (const InputError& error) {
         notes.push_back(fmt::format("{}; its keys are not compared", error.what()));
       }
@@ -172,11 +172,20 @@ std::string escape_html(const std::string& text) {
   std::string out;
   for (const char c : text) {
     switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -224,8 +233,9 @@ void write_report(const std::string& path, const std::vector<std::string>& dirs,
   }
   std::string page = "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>trainer compare</title>\n<style>";
   page += kUplotCss;
-  page += "\nbody{font-family:sans-serif;margin:20px}table{border-collapse:collapse}"
-          "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-family:monospace}</style>\n<script>";
+  page +=
+      "\nbody{font-family:sans-serif;margin:20px}table{border-collapse:collapse}"
+      "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-family:monospace}</style>\n<script>";
   page += kUplotJs;
   page += "</script></head>\n<body>\n<h1>trainer compare</h1>\n<p>";
   page += fmt::format("{} runs, {} common steps, tolerance {:.1e}: <b>{}</b></p>\n<ol>", dirs.size(), steps.size(),
@@ -294,7 +304,8 @@ int compare_runs(const std::vector<std::string>& run_dirs, double rtol, bool qui
   if (steps.empty()) throw InputError("trainer compare: the runs have no step in common");
   if (!quiet) {
     fmt::print("{:>6} {:>14}", "step", "loss[0]");
-    for (size_t r = 1; r < runs.size(); ++r) fmt::print(" {:>11} {:>11}", fmt::format("dloss[{}]", r), fmt::format("dgrad[{}]", r));
+    for (size_t r = 1; r < runs.size(); ++r)
+      fmt::print(" {:>11} {:>11}", fmt::format("dloss[{}]", r), fmt::format("dgrad[{}]", r));
     fmt::print("\n");
   }
   double worst = 0.0;
@@ -328,7 +339,8 @@ int compare_runs(const std::vector<std::string>& run_dirs, double rtol, bool qui
       for (const int64_t step : steps) {
         const double d = deviation(runs[r].at(step).at(key), reference.at(step).at(key));
         if (!(d <= rtol)) {
-          beyond.push_back(fmt::format("{}: {} first beyond the tolerance at step {} ({:.3e})", run_dirs[r], key, step, d));
+          beyond.push_back(
+              fmt::format("{}: {} first beyond the tolerance at step {} ({:.3e})", run_dirs[r], key, step, d));
           break;
         }
       }

@@ -159,7 +159,8 @@ double relative_error(const std::vector<FlatSlice>& slices, const std::vector<to
 std::vector<FlatSlice> minus(const std::vector<FlatSlice>& a, const std::vector<torch::Tensor>& before) {
   std::vector<FlatSlice> out;
   for (const FlatSlice& s : a) {
-    out.push_back({s.group, s.offset, s.values.to(torch::kFloat64) - before.at(s.group).narrow(0, s.offset, s.values.numel())});
+    out.push_back(
+        {s.group, s.offset, s.values.to(torch::kFloat64) - before.at(s.group).narrow(0, s.offset, s.values.numel())});
   }
   return out;
 }
@@ -195,7 +196,8 @@ double strategy_step(Strategy& strategy, Model& model, const Fixture& f, const S
   for (int64_t i = 0; i < kGlobalBatch; ++i) all[i] = i;
   for (int64_t m = 0; m < split.accum; ++m) {
     const LossSum out = strategy.forward(model, rows(f, local_micro_batch(all, shape, rank, m), device));
-    strategy.backward(out.loss_sum / static_cast<double>(f.target_tokens), MicroStep{m, m == split.accum - 1, split.accum, f.target_tokens});
+    strategy.backward(out.loss_sum / static_cast<double>(f.target_tokens),
+                      MicroStep{m, m == split.accum - 1, split.accum, f.target_tokens});
   }
   return strategy.reduce_gradients_and_norm();
 }
@@ -217,12 +219,14 @@ void bf16_accumulation_check(PluginRegistry& registry, const LoadedPlugin& plugi
   strategy->setup(*model, comm, StrategyEnv{device, AdamWConfig{}, torch::kBFloat16});
   for (int64_t m = 0; m < kMicroSteps; ++m) {
     const LossSum out = strategy->forward(*model, rows(f, {m}, device));
-    strategy->backward(out.loss_sum / static_cast<double>(f.target_tokens), MicroStep{m, m == kMicroSteps - 1, kMicroSteps, f.target_tokens});
+    strategy->backward(out.loss_sum / static_cast<double>(f.target_tokens),
+                       MicroStep{m, m == kMicroSteps - 1, kMicroSteps, f.target_tokens});
   }
   strategy->reduce_gradients_and_norm();
 
   std::unique_ptr<Model> twin = make_model(registry);
-  std::vector<ParameterGroup> groups = flatten_parameters(twin->parameters(), device, 1, torch::kFloat32, torch::kBFloat16);
+  std::vector<ParameterGroup> groups =
+      flatten_parameters(twin->parameters(), device, 1, torch::kFloat32, torch::kBFloat16);
   std::vector<torch::Tensor> grads, exact, magnitude;
   for (ParameterGroup& group : groups) {
     grads.push_back(torch::zeros_like(group.compute));
@@ -261,8 +265,8 @@ Split parse_split(const std::string& text) {
   char extra = 0;
   if (std::sscanf(text.c_str(), "%ld,%ld,%d%c", &s.micro, &s.accum, &s.world, &extra) != 3 || s.micro < 1 ||
       s.accum < 1 || s.world < 1 || s.micro * s.accum * s.world != kGlobalBatch) {
-    throw InputError(fmt::format("--split {}: expected micro,accum,world with micro x accum x world = {}", text,
-                                 kGlobalBatch));
+    throw InputError(
+        fmt::format("--split {}: expected micro,accum,world with micro x accum x world = {}", text, kGlobalBatch));
   }
   return s;
 }
@@ -460,7 +464,7 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
              plugin.descriptor->name, plugin.file, "split", "rank", "grad err", "norm err", "param err", "masked",
              "=ddp");
   bool all_pass = true;
-  double reproducible_hash = -1;  // every split and rank must report the first one's
+  double reproducible_hash = -1;    // every split and rank must report the first one's
   std::string previous_checkpoint;  // each split loads the one the split before it wrote
   for (const Split& split : request.splits) {
     const fs::path dir = scratch / split.text();
@@ -525,10 +529,11 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
       }
       if (rank == 0 || !reproducible) {
         const double hash = r.at("reproducible_hash");
-        fmt::print("{:<8} {:>4} reproducible: grad err {:.3e}, gradient {} ({} the first split's)  {}\n",
-                   split.text(), rank, r.at("reproducible_error"),
-                   hash < 0 ? std::string("none: the mode stopped") : fmt::format("{:013x}", static_cast<uint64_t>(hash)),
-                   hash == reproducible_hash ? "bits of" : "DIFFERS from", reproducible ? "pass" : "FAIL");
+        fmt::print(
+            "{:<8} {:>4} reproducible: grad err {:.3e}, gradient {} ({} the first split's)  {}\n", split.text(), rank,
+            r.at("reproducible_error"),
+            hash < 0 ? std::string("none: the mode stopped") : fmt::format("{:013x}", static_cast<uint64_t>(hash)),
+            hash == reproducible_hash ? "bits of" : "DIFFERS from", reproducible ? "pass" : "FAIL");
       }
       if (report.is_open()) {
         const Json line{{"split", split.text()},

@@ -25,7 +25,7 @@ Split parse_split(const std::string& text);
 std::vector<Split> default_splits();
 
 struct ConformanceRequest {
-  std::string strategy;   ///< plugin name or .so path
+  std::string strategy;  ///< plugin name or .so path
   std::vector<Split> splits;
   std::string device = "cpu";
   std::string backend = "gloo";
@@ -33,21 +33,21 @@ struct ConformanceRequest {
   bool bf16 = false;  ///< also run the bf16 accumulation check (on the world-size-1 splits)
   double timeout_s = 120;
   std::vector<std::string> plugin_dirs;  ///< --plugin-dir as given: workers search them too
-  std::string report;     ///< JSONL output: one row per split and rank
-  std::string load_checkpoint;  ///< (per split) the previous split's checkpoint, loaded and compared
+  std::string report;                    ///< JSONL output: one row per split and rank
+  std::string load_checkpoint;           ///< (per split) the previous split's checkpoint, loaded and compared
 };
 
 /// Norm-wise relative errors one rank measured for one split.
 struct ConformanceRow {
   std::string split;
   int rank = 0;
-  double grad_error = 0;   ///< ||g - g_ref|| / ||g_ref|| over the slices this rank holds
-  double norm_error = 0;   ///< |reported norm - reference norm| / reference norm
-  double param_error = 0;  ///< parameter change after 5 clipped AdamW steps, vs the reference's
-  double masked = 0;       ///< share of elements left out of param_error (near-zero reference gradient)
+  double grad_error = 0;      ///< ||g - g_ref|| / ||g_ref|| over the slices this rank holds
+  double norm_error = 0;      ///< |reported norm - reference norm| / reference norm
+  double param_error = 0;     ///< parameter change after 5 clipped AdamW steps, vs the reference's
+  double masked = 0;          ///< share of elements left out of param_error (near-zero reference gradient)
   int identical_to_ddp = -1;  ///< world size 1: parameters bit-identical to ddp's (1) or not (0); else -1
-  double bf16_error = -1;  ///< bf16 compute, 16 accumulation steps: error vs the exact sum of the micro-gradients
-  double bf16_bound = -1;  ///< what fp32 accumulation of those micro-gradients can err by
+  double bf16_error = -1;     ///< bf16 compute, 16 accumulation steps: error vs the exact sum of the micro-gradients
+  double bf16_bound = -1;     ///< what fp32 accumulation of those micro-gradients can err by
   /// The checkpoint written after the 5 steps holds this rank's state bit for bit (1) or not (0).
   int checkpoint_saved = -1;
   /// The previous split's checkpoint loaded into this split bit for bit (1) or not (0); -1: none.

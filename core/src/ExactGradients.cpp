@@ -101,10 +101,11 @@ bool ExactGradients::end_pass(Comm& comm) {
     // One contribution per backward, two where a parameter appears twice in
     // the graph: the bound that sizes the format (ExactGradients.h).
     if (calls_[i] > 2 * local_atoms_) {
-      throw TrainingError(fmt::format("reproducible mode: parameter '{}' received {} gradients in one optimizer "
-                                      "step of {} backward passes on this rank; at most two per backward fit the "
-                                      "fixed-point format",
-                                      parameters_[i].name, calls_[i], local_atoms_));
+      throw TrainingError(
+          fmt::format("reproducible mode: parameter '{}' received {} gradients in one optimizer "
+                      "step of {} backward passes on this rank; at most two per backward fit the "
+                      "fixed-point format",
+                      parameters_[i].name, calls_[i], local_atoms_));
     }
     double largest = 0.0;
     for (int r = 0; r < comm.world_size(); ++r) {
@@ -156,8 +157,8 @@ std::vector<torch::Tensor> ExactGradients::reduce(Comm& comm) {
 
 void ExactGradients::set_exponents(const std::vector<int64_t>& exponents) {
   if (exponents.size() != parameters_.size()) {
-    throw std::invalid_argument(fmt::format("{} gradient exponents for {} parameters", exponents.size(),
-                                            parameters_.size()));
+    throw std::invalid_argument(
+        fmt::format("{} gradient exponents for {} parameters", exponents.size(), parameters_.size()));
   }
   exponents_ = exponents;
   pending_ = exponents;

@@ -1,7 +1,8 @@
+// GradientBuckets and StreamedGradients (trainer/GradientBuckets.h): buckets of whole parameters in
+// backward order, the hooks that say when each fills, and zero2's per-bucket fp32 buffers.
 #include "trainer/GradientBuckets.h"
 
 #include <algorithm>
-#include <map>
 #include <mutex>
 
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -39,12 +40,6 @@ GradientBuckets::GradientBuckets(const std::vector<ParameterGroup>& groups, int6
     if (!bucket.slots.empty()) buckets_.push_back(bucket);
   }
   state_->ready.assign(buckets_.size(), 0);
-}
-
-int64_t GradientBuckets::largest_numel() const {
-  int64_t largest = 0;
-  for (const GradientBucket& bucket : buckets_) largest = std::max(largest, bucket.numel());
-  return largest;
 }
 
 void GradientBuckets::hook(const std::vector<ParameterGroup>& groups, Callback first, Callback ready) {

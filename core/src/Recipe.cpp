@@ -408,8 +408,8 @@ BatchShape batch_shape(const Recipe& recipe, int world_size) {
   const int64_t atom = recipe.training.integer("reproducible_atom");
   if (recipe.training.boolean("reproducible") && shape.micro_batch_size % atom != 0) {
     // Atoms are aligned blocks of global positions only when they tile every micro-batch.
-    recipe.training.fail("reproducible_atom",
-                         fmt::format("a divisor of training.micro_batch_size = {}, got {}", shape.micro_batch_size, atom));
+    recipe.training.fail("reproducible_atom", fmt::format("a divisor of training.micro_batch_size = {}, got {}",
+                                                          shape.micro_batch_size, atom));
   }
   const int64_t global = recipe.training.integer("global_batch_size");
   if (global == 0) return shape;

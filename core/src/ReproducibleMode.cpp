@@ -5,9 +5,9 @@
 #include <cmath>
 #include <cstdlib>
 
-#include <fmt/format.h>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
 
 #include "ops/Dispatch.h"
 #include "trainer/AdamW.h"
@@ -42,8 +42,9 @@ int run_exact_passes(ExactGradients& exact, Strategy& strategy, Comm& comm, int6
     strategy.reduce_gradients_and_norm();
     if (exact.end_pass(comm)) return pass;
     if (pass > 1) {
-      throw TrainingError("reproducible mode ran the same atoms twice and got other gradients: an operator is not "
-                          "deterministic on this device");
+      throw TrainingError(
+          "reproducible mode ran the same atoms twice and got other gradients: an operator is not "
+          "deterministic on this device");
     }
     strategy.discard_gradients();
   }
@@ -53,10 +54,11 @@ void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& grou
                       bool probe) {
   torch::NoGradGuard no_grad;
   const auto refuse = [&] {
-    throw TrainingError(fmt::format("strategy '{}': writing into gradient_slices() did not change the gradient it "
-                                    "holds; training.reproducible = true needs them to be views of the gradient "
-                                    "apply_update reads (trainer/Strategy.h)",
-                                    strategy_name));
+    throw TrainingError(
+        fmt::format("strategy '{}': writing into gradient_slices() did not change the gradient it "
+                    "holds; training.reproducible = true needs them to be views of the gradient "
+                    "apply_update reads (trainer/Strategy.h)",
+                    strategy_name));
   };
   if (probe) {
     for (const FlatSlice& slice : strategy.gradient_slices()) slice.values.fill_(std::nan(""));
@@ -66,9 +68,10 @@ void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& grou
   }
   const auto source_of = [&](const FlatSlice& slice) {
     if (slice.group >= groups.size() || slice.offset < 0 || slice.offset > groups[slice.group].numel()) {
-      throw TrainingError(fmt::format("strategy '{}': a gradient slice (group {}, offset {}) lies outside the model's "
-                                      "flat groups",
-                                      strategy_name, slice.group, slice.offset));
+      throw TrainingError(
+          fmt::format("strategy '{}': a gradient slice (group {}, offset {}) lies outside the model's "
+                      "flat groups",
+                      strategy_name, slice.group, slice.offset));
     }
     const int64_t n = std::min(slice.values.numel(), groups[slice.group].numel() - slice.offset);
     return std::make_pair(n, groups[slice.group].narrow(0, slice.offset, n));

@@ -14,14 +14,14 @@ namespace trainer {
 void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, const std::filesystem::path& file,
                          bool writer);
 /// `consolidated`: consolidated_parameters() (on the writer).
-void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const std::filesystem::path& file,
-                   bool writer, int64_t steps, int64_t applied_updates, const std::vector<torch::Tensor>& consolidated);
+void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const std::filesystem::path& file, bool writer,
+                   int64_t steps, int64_t applied_updates, const std::vector<torch::Tensor>& consolidated);
 /// Collective: the fp32 flat parameter groups (flatten_parameters' layout)
 /// assembled from every rank's canonical chunk, on the host of the writer
 /// (undefined tensors elsewhere).
 std::vector<torch::Tensor> consolidated_parameters(Model& model, Strategy& strategy, Comm& comm, torch::Device device,
                                                    bool writer);
-void write_final_weights(Model& model, const std::vector<torch::Tensor>& consolidated,
-                         const std::filesystem::path& dir, bool writer);
+void write_final_weights(Model& model, const std::vector<torch::Tensor>& consolidated, const std::filesystem::path& dir,
+                         bool writer);
 
 }  // namespace trainer

@@ -22,14 +22,14 @@
 #include "ExactGradients.h"
 #include "Files.h"
 #include "LrSchedule.h"
-#include "RunLock.h"
-#include "ReproducibleMode.h"
-#include "RunOutputs.h"
 #include "Rendezvous.h"
+#include "ReproducibleMode.h"
+#include "RunLock.h"
+#include "RunOutputs.h"
 #include "Sampler.h"
 #include "trainer/Dataset.h"
-#include "trainer/FlatParameters.h"
 #include "trainer/Errors.h"
+#include "trainer/FlatParameters.h"
 #include "trainer/Log.h"
 #include "trainer/Logger.h"
 #include "trainer/Strategy.h"
@@ -344,8 +344,8 @@ void reproducible_reduction(RunParts& run, const std::vector<MicroBatch>& atoms,
                       MicroStep{k, k == count - 1, count, target_tokens});
   });
   if (passes > 1) {
-    log::info(fmt::format("step {}: gradient scales set from this step's gradients; its samples ran again",
-                          record.step));
+    log::info(
+        fmt::format("step {}: gradient scales set from this step's gradients; its samples ran again", record.step));
   }
   record.loss = ordered_loss_sum(losses, comm) / static_cast<double>(target_tokens);
   if (exact.nonfinite()) {
@@ -535,7 +535,8 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   write_memory_report(*run.strategy, *run.comm, run.device, out / "memory.json", run.writer);
   const std::vector<torch::Tensor> weights =
       consolidated_parameters(*run.model, *run.strategy, *run.comm, run.device, run.writer);
-  write_summary(*run.strategy, *run.comm, run.device, out / "summary.json", run.writer, steps, applied_updates, weights);
+  write_summary(*run.strategy, *run.comm, run.device, out / "summary.json", run.writer, steps, applied_updates,
+                weights);
   write_final_weights(*run.model, weights, context.output_dir, run.writer);
 }
 

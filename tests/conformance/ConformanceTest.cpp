@@ -122,10 +122,13 @@ TEST(ConformanceReproducible, OneGradientAtEverySplitAndCopiesFail) {
   EXPECT_NE(result.output.find("gradient_slices() did not change"), std::string::npos) << result.output;
   EXPECT_EQ(read_metrics(dir + "/copies.jsonl").at(0).at("reproducible_error"), -2.0);
   EXPECT_LE(read_metrics(dir + "/copies.jsonl").at(0).at("grad_error"), 1e-5) << "its plain gradients are right";
-  const std::string recipe = write_file(dir + "/recipe.toml", "[run]\noutput_dir = '" + dir + "/run'\n"
-                                        "[model]\nname = 'qwen2'\n[dataset]\nname = 'synthetic'\n"
-                                        "[training]\nsteps = 2\nmicro_batch_size = 2\nreproducible = true\n"
-                                        "[strategy]\nname = '" + plugin + "'\n");
+  const std::string recipe =
+      write_file(dir + "/recipe.toml", "[run]\noutput_dir = '" + dir +
+                                           "/run'\n"
+                                           "[model]\nname = 'qwen2'\n[dataset]\nname = 'synthetic'\n"
+                                           "[training]\nsteps = 2\nmicro_batch_size = 2\nreproducible = true\n"
+                                           "[strategy]\nname = '" +
+                                           plugin + "'\n");
   result = trainer("run " + recipe);
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_NE(result.output.find("strategy 'gradient-copies': writing into gradient_slices() did not change"),

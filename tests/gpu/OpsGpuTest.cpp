@@ -268,7 +268,8 @@ TEST(OpsGpu, FixedPointKernelGivesTheCpuPathsSum) {
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     torch::manual_seed(4);
     std::vector<torch::Tensor> parts;
-    for (int i = 0; i < 16; ++i) parts.push_back(torch::randn({300, 7}) * torch::pow(2.0, -30.0 * torch::rand({300, 7})));
+    for (int i = 0; i < 16; ++i)
+      parts.push_back(torch::randn({300, 7}) * torch::pow(2.0, -30.0 * torch::rand({300, 7})));
     std::vector<std::vector<torch::Tensor>> sums;
     std::vector<std::vector<int64_t>> scales;
     for (const torch::Device device : {torch::Device(torch::kCPU), kCuda}) {

@@ -16,9 +16,7 @@ using testing::trainer;
 
 struct Split {
   int micro, accum, world;
-  std::string text() const {
-    return std::to_string(micro) + "x" + std::to_string(accum) + "x" + std::to_string(world);
-  }
+  std::string text() const { return std::to_string(micro) + "x" + std::to_string(accum) + "x" + std::to_string(world); }
 };
 const Split kSplits[] = {{8, 1, 1}, {2, 4, 1}, {1, 8, 1}, {4, 1, 2}, {2, 2, 2}, {1, 2, 4}};
 const char* const kStrategies[] = {"ddp", "zero1", "zero2", "zero3"};
@@ -41,7 +39,8 @@ void expect_one_result(const std::string& name, const std::string& recipe, const
   for (const char* strategy : kStrategies) {
     for (const Split& split : kSplits) {
       const std::string dir = scratch_dir(name + "_" + strategy + "_" + split.text());
-      const auto result = trainer("run " + recipe + " --set run.output_dir=" + dir + args + split_args(strategy, split));
+      const auto result =
+          trainer("run " + recipe + " --set run.output_dir=" + dir + args + split_args(strategy, split));
       ASSERT_EQ(result.exit_code, 0) << strategy << " " << split.text() << "\n" << result.output;
       dirs.push_back(dir);
     }
@@ -63,8 +62,7 @@ TEST(Reproducible, SeedRecipeIsOneResultForEverySplitAndStrategy) {
 }
 
 TEST(Reproducible, Bf16IsOneResultForEverySplitAndStrategy) {
-  expect_one_result("ReproBf16", testing::quickstart_recipe(),
-                    " --set training.steps=4 --set training.precision=bf16");
+  expect_one_result("ReproBf16", testing::quickstart_recipe(), " --set training.steps=4 --set training.precision=bf16");
 }
 
 TEST(Reproducible, ResumedUnderAnotherWorldSizeAndStrategyIsTheSameRun) {
@@ -78,13 +76,13 @@ TEST(Reproducible, ResumedUnderAnotherWorldSizeAndStrategyIsTheSameRun) {
     const auto a = trainer("run " + recipe + " --set run.output_dir=" + straight + " --set training.steps=8" + common +
                            split_args("zero1", {2, 4, 1}));
     ASSERT_EQ(a.exit_code, 0) << a.output;
-    const auto b = trainer("run " + recipe + " --set run.output_dir=" + moved +
-                           " --set training.steps=4 --set checkpoint.interval=4" + common +
-                           split_args("zero3", {1, 2, 4}));
+    const auto b =
+        trainer("run " + recipe + " --set run.output_dir=" + moved +
+                " --set training.steps=4 --set checkpoint.interval=4" + common + split_args("zero3", {1, 2, 4}));
     ASSERT_EQ(b.exit_code, 0) << b.output;
-    const auto c = trainer("run " + recipe + " --set run.output_dir=" + moved +
-                           " --set training.steps=8 --set checkpoint.resume=auto" + common +
-                           split_args("ddp", {4, 1, 2}));
+    const auto c =
+        trainer("run " + recipe + " --set run.output_dir=" + moved +
+                " --set training.steps=8 --set checkpoint.resume=auto" + common + split_args("ddp", {4, 1, 2}));
     ASSERT_EQ(c.exit_code, 0) << c.output;
     // The scales were restored, not measured again: the first step after the
     // resume ran once, as it did in the straight run.
@@ -99,21 +97,21 @@ TEST(Reproducible, ResumedUnderAnotherWorldSizeAndStrategyIsTheSameRun) {
 TEST(Reproducible, LargerAtomsAgreeAcrossSplitsTheyTile) {
   // Atoms of 4 samples: every split whose micro-batch is a multiple of 4.
   std::vector<std::string> dirs;
-  for (const auto& [strategy, split] : std::vector<std::pair<std::string, Split>>{
-           {"ddp", {8, 1, 1}}, {"zero2", {4, 2, 1}}, {"zero3", {4, 1, 2}}}) {
+  for (const auto& [strategy, split] :
+       std::vector<std::pair<std::string, Split>>{{"ddp", {8, 1, 1}}, {"zero2", {4, 2, 1}}, {"zero3", {4, 1, 2}}}) {
     dirs.push_back(scratch_dir("ReproAtom4_" + strategy + "_" + split.text()));
-    const auto result = trainer("run " + testing::quickstart_recipe() + " --set run.output_dir=" + dirs.back() +
-                                " --set training.steps=6 --set training.reproducible_atom=4" +
-                                split_args(strategy, split));
+    const auto result =
+        trainer("run " + testing::quickstart_recipe() + " --set run.output_dir=" + dirs.back() +
+                " --set training.steps=6 --set training.reproducible_atom=4" + split_args(strategy, split));
     ASSERT_EQ(result.exit_code, 0) << result.output;
   }
   const auto same = trainer("compare --rtol 0 " + dirs[0] + " " + dirs[1] + " " + dirs[2]);
   EXPECT_EQ(same.exit_code, 0) << same.output;
   for (const std::string& dir : dirs) EXPECT_EQ(weights_hash(dir), weights_hash(dirs.front())) << dir;
   // A split the atom does not tile is refused before training, naming the key.
-  const auto refused = trainer("run " + testing::quickstart_recipe() + " --set run.output_dir=" +
-                               scratch_dir("ReproAtom4Refused") + " --set training.reproducible_atom=4" +
-                               split_args("ddp", {2, 4, 1}));
+  const auto refused =
+      trainer("run " + testing::quickstart_recipe() + " --set run.output_dir=" + scratch_dir("ReproAtom4Refused") +
+              " --set training.reproducible_atom=4" + split_args("ddp", {2, 4, 1}));
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_NE(refused.output.find("training.reproducible_atom"), std::string::npos) << refused.output;
   EXPECT_NE(refused.output.find("a divisor of training.micro_batch_size = 2"), std::string::npos) << refused.output;

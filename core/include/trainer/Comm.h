@@ -6,8 +6,8 @@
 #include <chrono>
 #include <memory>
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/types.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "trainer/Plugin.h"
 
@@ -48,8 +48,7 @@ class Comm : public Component {
   virtual std::unique_ptr<CommWork> all_reduce_sum_async(torch::Tensor tensor) = 0;
   /// input has world_size * output.numel() elements; output = sum over ranks
   /// of input's rank-th slice.
-  virtual std::unique_ptr<CommWork> reduce_scatter_sum_async(torch::Tensor input,
-                                                             torch::Tensor output) = 0;
+  virtual std::unique_ptr<CommWork> reduce_scatter_sum_async(torch::Tensor input, torch::Tensor output) = 0;
   /// output has world_size * input.numel() elements; rank r's input lands in
   /// output's r-th slice.
   virtual std::unique_ptr<CommWork> all_gather_async(torch::Tensor input, torch::Tensor output) = 0;
@@ -63,9 +62,7 @@ class Comm : public Component {
   void reduce_scatter_sum(torch::Tensor input, torch::Tensor output) {
     reduce_scatter_sum_async(input, output)->wait();
   }
-  void all_gather(torch::Tensor input, torch::Tensor output) {
-    all_gather_async(input, output)->wait();
-  }
+  void all_gather(torch::Tensor input, torch::Tensor output) { all_gather_async(input, output)->wait(); }
   void broadcast(torch::Tensor tensor, int root) { broadcast_async(tensor, root)->wait(); }
   void reduce_sum(torch::Tensor tensor, int root) { reduce_sum_async(tensor, root)->wait(); }
 };

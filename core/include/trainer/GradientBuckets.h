@@ -34,7 +34,6 @@ class GradientBuckets {
   GradientBuckets(const std::vector<ParameterGroup>& groups, int64_t bucket_numel);
 
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
-  int64_t largest_numel() const;
 
   /// Hooks on every parameter's gradient accumulator (once; they live as
   /// long as the model's autograd nodes). While armed, on the autograd
@@ -82,7 +81,6 @@ class StreamedGradients {
 
   /// The most bytes of bucket buffers live at once so far.
   int64_t peak_bytes() const { return peak_bytes_; }
-  int64_t largest_bucket_bytes() const { return layout_.largest_numel() * 4; }
 
  private:
   void first_gradient(size_t b);

@@ -89,7 +89,7 @@ struct Unit {
   std::vector<std::pair<size_t, int64_t>> param_at;  // per param: (range, offset in the range)
   size_t ready = 0;       // parameters whose gradient arrived in this backward
   bool gathered = false;  // values hold the parameters, or will once the gathers in flight arrive
-  bool in_flight = false; // gathers in flight (prefetched)
+  bool in_flight = false;  // gathers in flight (prefetched)
   bool entered = false;   // entered in the current forward
   bool in_backward = false;
 };
@@ -319,7 +319,8 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
       for (size_t p = 0; p < r.pieces.size(); ++p) {
         const Piece& piece = r.pieces[p];
         if (piece.size() == 0) continue;
-        r.values.narrow(0, piece.begin - r.begin, piece.size()).copy_(r.received.narrow(0, p * r.longest, piece.size()));
+        r.values.narrow(0, piece.begin - r.begin, piece.size())
+            .copy_(r.received.narrow(0, p * r.longest, piece.size()));
       }
       r.gathering.reset();
       r.send = r.received = torch::Tensor();
