@@ -328,13 +328,9 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
     install_gradient(*strategy, gradient, plugin.descriptor->name, /*probe=*/true);
     row.reproducible_error = relative_error(strategy->gradient_slices(), reference.grads());
     std::vector<torch::Tensor> host;
-    std::vector<std::string_view> pieces;
-    for (const torch::Tensor& g : gradient) {
-      host.push_back(g.cpu().contiguous());
-      pieces.emplace_back(static_cast<const char*>(host.back().data_ptr()), host.back().nbytes());
-    }
+    for (const torch::Tensor& g : gradient) host.push_back(g.cpu().contiguous());
     // 13 hex digits: 52 bits, which a JSON number carries exactly.
-    row.reproducible_hash = static_cast<double>(std::stoull(manifest::pieces_xxh3(pieces).substr(0, 13), nullptr, 16));
+    row.reproducible_hash = static_cast<double>(std::stoull(tensors_xxh3(host).substr(0, 13), nullptr, 16));
   } catch (const TrainingError& error) {
     // The mode refused this strategy (e.g. gradient slices that are copies): a failed row, with the reason.
     log::error(fmt::format("reproducible mode: {}", error.what()));

@@ -23,7 +23,8 @@ void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, c
   const MemoryReport mine = strategy.memory();
   torch::Tensor local = torch::tensor({mine.parameter_bytes, mine.gradient_bytes, mine.optimizer_bytes,
                                        mine.peak_gathered_parameter_bytes, mine.peak_transient_gradient_bytes},
-                                      torch::kInt64).to(device);
+                                      torch::kInt64)
+                            .to(device);
   constexpr int kFields = 5;
   torch::Tensor all = torch::zeros({kFields * comm.world_size()}, local.options());
   comm.all_gather(local, all);
@@ -32,8 +33,12 @@ void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, c
   Json ranks = Json::array();
   for (int r = 0; r < comm.world_size(); ++r) {
     const auto v = [&](int k) { return all[kFields * r + k].item<int64_t>(); };
-    ranks.push_back(Json{{"rank", r}, {"parameter_bytes", v(0)}, {"gradient_bytes", v(1)}, {"optimizer_bytes", v(2)},
-                         {"peak_gathered_parameter_bytes", v(3)}, {"peak_transient_gradient_bytes", v(4)}});
+    ranks.push_back(Json{{"rank", r},
+                         {"parameter_bytes", v(0)},
+                         {"gradient_bytes", v(1)},
+                         {"optimizer_bytes", v(2)},
+                         {"peak_gathered_parameter_bytes", v(3)},
+                         {"peak_transient_gradient_bytes", v(4)}});
   }
   write_file_atomically(file, ranks.dump(1) + "\n");
 }
@@ -57,17 +62,20 @@ void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const f
   if (!writer) return;
   all = all.cpu();
   Json hashes = Json::array();
-  for (int r = 0; r < comm.world_size(); ++r) hashes.push_back(fmt::format("{:016x}", static_cast<uint64_t>(all[r].item<int64_t>())));
-  std::vector<std::string_view> pieces;
-  for (const torch::Tensor& group : consolidated) {
-    pieces.emplace_back(static_cast<const char*>(group.data_ptr()), group.numel() * group.element_size());
-  }
+  for (int r = 0; r < comm.world_size(); ++r)
+    hashes.push_back(fmt::format("{:016x}", static_cast<uint64_t>(all[r].item<int64_t>())));
   const Json summary{{"steps", steps},
                      {"applied_updates", applied_updates},
                      {"world_size", comm.world_size()},
                      {"parameter_fnv1a_per_rank", hashes},
-                     {"parameters_xxh3_128", manifest::pieces_xxh3(pieces)}};
+                     {"parameters_xxh3_128", tensors_xxh3(consolidated)}};
   write_file_atomically(file, summary.dump() + "\n");
+}
+
+std::string tensors_xxh3(const std::vector<torch::Tensor>& tensors) {
+  std::vector<std::string_view> pieces;
+  for (const torch::Tensor& t : tensors) pieces.emplace_back(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  return manifest::pieces_xxh3(pieces);
 }
 
 // The parameters, consolidated: every rank contributes the elements of the
@@ -119,7 +127,8 @@ void write_final_weights(Model& model, const std::vector<torch::Tensor>& full, c
   int64_t offset[2] = {0, 0};
   for (const NamedParameter& p : params) {
     const int kind = p.decay ? 0 : 1;
-    named.emplace_back(p.name, full[group_of_kind[kind]].narrow(0, offset[kind], p.tensor.numel()).view(p.tensor.sizes()));
+    named.emplace_back(p.name,
+                       full[group_of_kind[kind]].narrow(0, offset[kind], p.tensor.numel()).view(p.tensor.sizes()));
     offset[kind] += p.tensor.numel();
   }
   write_safetensors((dir / "model.safetensors").string(), named);

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "trainer/Comm.h"
 #include "trainer/Model.h"
@@ -13,6 +15,9 @@ namespace trainer {
 
 void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, const std::filesystem::path& file,
                          bool writer);
+/// XXH3-128 (hex) of the tensors' bytes one after the other (contiguous, on
+/// the host): summary.json's weights hash, the kit's gradient hash.
+std::string tensors_xxh3(const std::vector<torch::Tensor>& tensors);
 /// `consolidated`: consolidated_parameters() (on the writer).
 void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const std::filesystem::path& file, bool writer,
                    int64_t steps, int64_t applied_updates, const std::vector<torch::Tensor>& consolidated);

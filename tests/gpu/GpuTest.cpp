@@ -28,14 +28,21 @@ using testing::trainer;
 #define REQUIRE_CUDA() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
-TEST(NcclComm, CollectivesAtOneRank) {
-  REQUIRE_CUDA();
+const torch::Device kCuda(torch::kCUDA, 0);
+
+// The nccl plugin, connected as the only rank on GPU 0.
+std::unique_ptr<Comm> nccl_at_one_rank(std::chrono::milliseconds timeout) {
   PluginRegistry registry;
   registry.discover({TRAINER_PLUGIN_DIR});
   auto comm = PluginRegistry::create<Comm>(registry.find(PluginKind::Comm, "nccl"), Options(), Context());
-  const torch::Device cuda(torch::kCUDA, 0);
-  comm->connect(CommSetup{c10::make_intrusive<c10d::HashStore>(), 0, 1, std::chrono::seconds(30), cuda});
-  const auto on_gpu = torch::TensorOptions().device(cuda);
+  comm->connect(CommSetup{c10::make_intrusive<c10d::HashStore>(), 0, 1, timeout, kCuda});
+  return comm;
+}
+
+TEST(NcclComm, CollectivesAtOneRank) {
+  REQUIRE_CUDA();
+  const std::unique_ptr<Comm> comm = nccl_at_one_rank(std::chrono::seconds(30));
+  const auto on_gpu = torch::TensorOptions().device(kCuda);
   for (const auto dtype : {torch::kFloat32, torch::kFloat64, torch::kBFloat16, torch::kInt64}) {
     torch::Tensor t = torch::arange(10, on_gpu.dtype(dtype));
     const torch::Tensor expected = t.clone();
@@ -60,14 +67,10 @@ TEST(NcclComm, CollectivesAtOneRank) {
 // rank, and the aborted communicator is not destroyed again.
 TEST(NcclComm, AHungCollectiveIsAbortedOnceAndNamed) {
   REQUIRE_CUDA();
-  PluginRegistry registry;
-  registry.discover({TRAINER_PLUGIN_DIR});
-  auto comm = PluginRegistry::create<Comm>(registry.find(PluginKind::Comm, "nccl"), Options(), Context());
-  const torch::Device cuda(torch::kCUDA, 0);
   setenv("TRAINER_FAULT_INJECT", "nccl-hang", 1);
-  comm->connect(CommSetup{c10::make_intrusive<c10d::HashStore>(), 0, 1, std::chrono::seconds(1), cuda});
+  std::unique_ptr<Comm> comm = nccl_at_one_rank(std::chrono::seconds(1));
   unsetenv("TRAINER_FAULT_INJECT");
-  torch::Tensor t = torch::ones({16}, torch::TensorOptions().device(cuda));
+  torch::Tensor t = torch::ones({16}, torch::TensorOptions().device(kCuda));
   const auto start = std::chrono::steady_clock::now();
   comm->all_reduce_sum_async(t)->wait();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500)) << "wait() blocked the host";
