@@ -81,7 +81,8 @@ StreamedGradients::StreamedGradients(std::vector<ParameterGroup>& groups, int64_
   next_.resize(n);
   for (size_t b = 0; b < n; ++b) next_[b] = b + 1;  // until a backward has shown the order: the layout's
   first_ = 0;
-  layout_.hook(groups, [this](size_t b) { first_gradient(b); }, [this](size_t b) { send(b); });
+  layout_.hook(
+      groups, [this](size_t b) { first_gradient(b); }, [this](size_t b) { send(b); });
 }
 
 void StreamedGradients::backward(const torch::Tensor& loss) {

@@ -51,7 +51,8 @@ uint64_t file_fnv1a(const fs::path& file) {
   uint64_t hash = 0xcbf29ce484222325ULL;
   char buffer[1 << 16];
   while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
-    for (std::streamsize i = 0; i < in.gcount(); ++i) hash = (hash ^ static_cast<unsigned char>(buffer[i])) * 0x100000001b3ULL;
+    for (std::streamsize i = 0; i < in.gcount(); ++i)
+      hash = (hash ^ static_cast<unsigned char>(buffer[i])) * 0x100000001b3ULL;
   }
   return hash;
 }
@@ -83,11 +84,12 @@ void validate(const Json& manifest, const fs::path& file) {
   integer_member(manifest, "applied_updates", 0, step, file);
   const int64_t world = integer_member(manifest, "world_size", 1, 1 << 20, file);
   if (dir.filename().string() != fmt::format("step-{:08d}", step)) {
-    throw InputError(fmt::format("{}: 'step' is {} but the directory is {}", file.string(), step,
-                                 dir.filename().string()));
+    throw InputError(
+        fmt::format("{}: 'step' is {} but the directory is {}", file.string(), step, dir.filename().string()));
   }
   for (const char* key : {"fingerprint", "strategy"}) {
-    if (!member(manifest, key, file).is_string()) throw InputError(fmt::format("{}: '{}' must be a string", file.string(), key));
+    if (!member(manifest, key, file).is_string())
+      throw InputError(fmt::format("{}: '{}' must be a string", file.string(), key));
   }
   const Json& files = array_member(manifest, "files", file);
   if (static_cast<int64_t>(files.size()) != world) {
@@ -106,7 +108,8 @@ void validate(const Json& manifest, const fs::path& file) {
     }
   }
   const Json& groups = array_member(manifest, "group_numel", file);
-  if (groups.empty() || groups.size() > 2) throw InputError(fmt::format("{}: 'group_numel' must list 1 or 2 groups", file.string()));
+  if (groups.empty() || groups.size() > 2)
+    throw InputError(fmt::format("{}: 'group_numel' must list 1 or 2 groups", file.string()));
   std::vector<int64_t> declared, counted(groups.size(), 0);
   for (const Json& g : groups) {
     if (!json_is_int64(g) || g.get<int64_t>() < 0) {
@@ -157,7 +160,8 @@ Json read(const fs::path& dir) {
     const fs::path sidecar = dir / "manifest.xxh3";
     std::ifstream recorded_in(sidecar);
     std::string recorded;
-    if (!(recorded_in >> recorded)) throw InputError(fmt::format("{}: missing (the manifest's checksum)", sidecar.string()));
+    if (!(recorded_in >> recorded))
+      throw InputError(fmt::format("{}: missing (the manifest's checksum)", sidecar.string()));
     const std::string actual = text_xxh3(text.str());
     if (actual != recorded) {
       throw InputError(fmt::format("{}: checksum {} differs from {} in {} (the manifest was edited or damaged)",

@@ -10,9 +10,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <toml++/toml.h>
 #include <cmath>
 #include <filesystem>
-#include <toml++/toml.h>
 
 #include "TomlText.h"
 #include "trainer/Errors.h"
@@ -74,7 +74,8 @@ class Origins {
 
 std::string expected_text(const KeySpec& spec) {
   switch (spec.type) {
-    case VT::Bool: return "a boolean";
+    case VT::Bool:
+      return "a boolean";
     case VT::String:
       return spec.choices ? fmt::format("one of {}", std::string(spec.choices)) : "a string";
     case VT::Int:
@@ -123,9 +124,12 @@ Value convert(const KeySpec& spec, const toml::node& node, const std::string& wh
     }
     case VT::Float: {
       double value = 0;
-      if (node.is_floating_point()) value = node.as_floating_point()->get();
-      else if (node.is_integer()) value = static_cast<double>(node.as_integer()->get());
-      else throw fail();
+      if (node.is_floating_point())
+        value = node.as_floating_point()->get();
+      else if (node.is_integer())
+        value = static_cast<double>(node.as_integer()->get());
+      else
+        throw fail();
       // No key takes an infinite or NaN value (lr = inf would train NaNs).
       if (!std::isfinite(value) || !(value >= spec.min && value <= spec.max)) throw fail();
       return value;
@@ -138,8 +142,8 @@ toml::table parse_literal(const std::string& literal) { return parse_toml("v = "
 
 // Validates one table against its declared keys. `path` is "training" or
 // "logger.1"; `skip_name` leaves the plugin-choosing key alone.
-Options validate(const toml::table& table, const std::string& path, const std::string& label,
-                 const KeySpec* keys, size_t num_keys, const Origins& origins, bool skip_name) {
+Options validate(const toml::table& table, const std::string& path, const std::string& label, const KeySpec* keys,
+                 size_t num_keys, const Origins& origins, bool skip_name) {
   std::vector<std::string> names;
   for (size_t i = 0; i < num_keys; ++i) names.push_back(keys[i].name);
   for (const auto& [key, node] : table) {
@@ -148,8 +152,8 @@ Options validate(const toml::table& table, const std::string& path, const std::s
     if (std::find(names.begin(), names.end(), name) == names.end()) {
       std::vector<std::string> valid = names;
       if (skip_name) valid.insert(valid.begin(), "name");
-      throw InputError(fmt::format("{}: [{}] unknown key '{}'{}", origins.of(path + "." + name, key.source()),
-                                   label, name, suggestion(name, valid)));
+      throw InputError(fmt::format("{}: [{}] unknown key '{}'{}", origins.of(path + "." + name, key.source()), label,
+                                   name, suggestion(name, valid)));
     }
   }
   std::vector<Options::Entry> entries;
@@ -157,14 +161,15 @@ Options validate(const toml::table& table, const std::string& path, const std::s
     const KeySpec& spec = keys[i];
     if (const toml::node* node = table.get(spec.name)) {
       const std::string origin = origins.of(path + "." + spec.name, *node);
-      entries.push_back({spec.name, convert(spec, *node, fmt::format("{}: [{}] {}", origin, label, spec.name)),
-                         origin});
+      entries.push_back(
+          {spec.name, convert(spec, *node, fmt::format("{}: [{}] {}", origin, label, spec.name)), origin});
     } else if (spec.default_value == nullptr) {
-      throw InputError(fmt::format("{}: [{}] missing required key '{}': expected {} ({})", origins.file(),
-                                   label, spec.name, expected_text(spec), spec.help));
+      throw InputError(fmt::format("{}: [{}] missing required key '{}': expected {} ({})", origins.file(), label,
+                                   spec.name, expected_text(spec), spec.help));
     } else {
       const toml::table literal = parse_literal(spec.default_value);
-      entries.push_back({spec.name, convert(spec, *literal.get("v"), fmt::format("default of [{}] {}", label, spec.name)),
+      entries.push_back({spec.name,
+                         convert(spec, *literal.get("v"), fmt::format("default of [{}] {}", label, spec.name)),
                          "default"});
     }
   }
@@ -197,7 +202,11 @@ void apply_override(toml::table& root, const std::string& argument, Origins& ori
   if (indexed) {
     toml::array* loggers = root["logger"].as_array();
     size_t index = 0;
-    try { index = std::stoul(parts[1]); } catch (const std::exception&) { index = SIZE_MAX; }
+    try {
+      index = std::stoul(parts[1]);
+    } catch (const std::exception&) {
+      index = SIZE_MAX;
+    }
     if (!loggers || index >= loggers->size() || !loggers->get(index)->is_table()) {
       throw InputError(fmt::format("--set {}: the recipe has no [[logger]] number {} (0-based)", argument, parts[1]));
     }
@@ -222,8 +231,8 @@ const toml::table& table_or_empty(const toml::table& root, const char* name, con
   return *node->as_table();
 }
 
-ComponentChoice choose(const toml::table& table, const std::string& path, PluginKind kind,
-                       const char* default_name, PluginRegistry& registry, const Origins& origins) {
+ComponentChoice choose(const toml::table& table, const std::string& path, PluginKind kind, const char* default_name,
+                       PluginRegistry& registry, const Origins& origins) {
   std::string name;
   if (const toml::node* node = table.get("name")) {
     if (!node->is_string()) {
@@ -234,16 +243,16 @@ ComponentChoice choose(const toml::table& table, const std::string& path, Plugin
   } else if (default_name) {
     name = default_name;
   } else {
-    throw InputError(fmt::format("{}: [{}] missing required key 'name': expected the {} plugin to use",
-                                 origins.file(), path, kind_name(kind)));
+    throw InputError(fmt::format("{}: [{}] missing required key 'name': expected the {} plugin to use", origins.file(),
+                                 path, kind_name(kind)));
   }
   const LoadedPlugin* plugin = nullptr;
   try {
     plugin = &registry.find(kind, name);
   } catch (const InputError& error) {
     const toml::node* node = table.get("name");
-    throw InputError(fmt::format("{}: [{}] {}", node ? origins.of(path + ".name", *node) : origins.file(),
-                                 path, error.what()));
+    throw InputError(
+        fmt::format("{}: [{}] {}", node ? origins.of(path + ".name", *node) : origins.file(), path, error.what()));
   }
   const PluginDescriptor& d = *plugin->descriptor;
   return ComponentChoice{plugin, validate(table, path, path, d.keys, d.num_keys, origins, true)};
@@ -320,7 +329,8 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
   } catch (const toml::parse_error& error) {
     const auto& begin = error.source().begin;
     if (begin.line == 0) throw InputError(fmt::format("{}: cannot read recipe: {}", file, error.description()));
-    throw InputError(fmt::format("{}:{}:{}: TOML syntax error: {}", file, begin.line, begin.column, error.description()));
+    throw InputError(
+        fmt::format("{}:{}:{}: TOML syntax error: {}", file, begin.line, begin.column, error.description()));
   }
   Origins origins(file);
   for (const std::string& argument : overrides) apply_override(root, argument, origins);
@@ -331,24 +341,29 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
   for (const auto& [key, node] : root) {
     const std::string name(key.str());
     if (std::find(known.begin(), known.end(), name) == known.end()) {
-      throw InputError(fmt::format("{}: unknown section [{}]{}", origins.of(name, key.source()), name, suggestion(name, known)));
+      throw InputError(
+          fmt::format("{}: unknown section [{}]{}", origins.of(name, key.source()), name, suggestion(name, known)));
     }
   }
 
   Recipe recipe;
   recipe.file = file;
   for (const SectionSpec& s : core_sections()) {
-    recipe.*s.options = validate(table_or_empty(root, s.name, origins), s.name, s.name, s.keys, s.num_keys, origins, false);
+    recipe.*s.options =
+        validate(table_or_empty(root, s.name, origins), s.name, s.name, s.keys, s.num_keys, origins, false);
   }
   recipe.model = choose(table_or_empty(root, "model", origins), "model", PluginKind::Model, nullptr, registry, origins);
-  recipe.dataset = choose(table_or_empty(root, "dataset", origins), "dataset", PluginKind::Dataset, nullptr, registry, origins);
-  recipe.strategy = choose(table_or_empty(root, "strategy", origins), "strategy", PluginKind::Strategy, "ddp", registry, origins);
+  recipe.dataset =
+      choose(table_or_empty(root, "dataset", origins), "dataset", PluginKind::Dataset, nullptr, registry, origins);
+  recipe.strategy =
+      choose(table_or_empty(root, "strategy", origins), "strategy", PluginKind::Strategy, "ddp", registry, origins);
   default_tokenizer_from_model(recipe);
 
   toml::array loggers;
   if (const toml::node* node = root.get("logger")) {
     if (!node->is_array_of_tables()) {
-      throw InputError(fmt::format("{}: 'logger' must be an array of tables ([[logger]])", origins.of("logger", *node)));
+      throw InputError(
+          fmt::format("{}: 'logger' must be an array of tables ([[logger]])", origins.of("logger", *node)));
     }
     loggers = *node->as_array();
   } else {
@@ -357,7 +372,8 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
   bool has_jsonl = false;
   for (size_t i = 0; i < loggers.size(); ++i) {
     const toml::table& table = *loggers.get(i)->as_table();
-    recipe.loggers.push_back(choose(table, fmt::format("logger.{}", i), PluginKind::Logger, nullptr, registry, origins));
+    recipe.loggers.push_back(
+        choose(table, fmt::format("logger.{}", i), PluginKind::Logger, nullptr, registry, origins));
     has_jsonl = has_jsonl || std::string(recipe.loggers.back().plugin->descriptor->name) == "jsonl";
   }
   if (!has_jsonl) {  // metrics.jsonl is the run's record: always written
@@ -425,8 +441,8 @@ BatchShape batch_shape(const Recipe& recipe, int world_size) {
   }
   if (accum_given && accum != shape.grad_accum_steps) {
     recipe.training.fail("grad_accum_steps",
-                         fmt::format("{} (global_batch_size {} / (micro_batch_size {} x world size {})), got {}",
-                                     accum, global, shape.micro_batch_size, world_size, shape.grad_accum_steps));
+                         fmt::format("{} (global_batch_size {} / (micro_batch_size {} x world size {})), got {}", accum,
+                                     global, shape.micro_batch_size, world_size, shape.grad_accum_steps));
   }
   shape.grad_accum_steps = accum;
   return shape;

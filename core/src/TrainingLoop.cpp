@@ -13,8 +13,8 @@
 #include <optional>
 #include <thread>
 
-#include <fmt/format.h>
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
 #include <torch/cuda.h>
 
 #include "Checkpoint.h"
@@ -60,7 +60,8 @@ class StopSignals {
   }
 
  private:
-  struct sigaction old_term_ {}, old_int_ {};
+  struct sigaction old_term_ {
+  }, old_int_{};
 };
 
 struct MicroBatch {
@@ -84,9 +85,10 @@ MicroBatch collate(const Dataset& dataset, const std::string& dataset_name, cons
     const Sample sample = dataset.get(indices[row]);
     const int64_t n = static_cast<int64_t>(sample.tokens.size());
     if (n < 2 || n > seq + 1 || sample.target.size() != sample.tokens.size()) {
-      throw InputError(fmt::format("dataset '{}' sample {}: {} tokens and {} target flags; expected equal counts "
-                                   "between 2 and seq_len + 1 = {}",
-                                   dataset_name, indices[row], n, sample.target.size(), seq + 1));
+      throw InputError(
+          fmt::format("dataset '{}' sample {}: {} tokens and {} target flags; expected equal counts "
+                      "between 2 and seq_len + 1 = {}",
+                      dataset_name, indices[row], n, sample.target.size(), seq + 1));
     }
     for (int64_t i = 0; i < n; ++i) {
       if (sample.tokens[i] < 0 || sample.tokens[i] >= vocab) {
@@ -279,9 +281,10 @@ RunInfo describe_run(const Recipe& recipe, const RunParts& run) {
   info.peak_flops = recipe.run.real("peak_tflops") * 1e12;
   if (info.peak_flops == 0.0 && run.device.is_cuda()) {
     info.peak_flops = measure_matmul_flops(run.device, run.compute_dtype);
-    log::info(fmt::format("measured {} matmul rate: {:.0f} TFLOP/s per rank (MFU is relative to it; "
-                          "run.peak_tflops sets it instead)",
-                          run.compute_dtype == torch::kBFloat16 ? "bf16" : "fp32", info.peak_flops / 1e12));
+    log::info(
+        fmt::format("measured {} matmul rate: {:.0f} TFLOP/s per rank (MFU is relative to it; "
+                    "run.peak_tflops sets it instead)",
+                    run.compute_dtype == torch::kBFloat16 ? "bf16" : "fp32", info.peak_flops / 1e12));
   }
   return info;
 }
@@ -479,10 +482,11 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   info.first_step = position.step;
   StopSignals stop_signals;
   loggers.start(info);
-  log::info(fmt::format("training {} parameters for {} steps: global batch {} = micro-batch {} x {} accumulation "
-                        "steps x {} ranks, strategy {}, output {}",
-                        info.parameters, steps, info.global_batch_size, info.micro_batch_size, info.grad_accum_steps,
-                        info.world_size, info.strategy, context.output_dir));
+  log::info(
+      fmt::format("training {} parameters for {} steps: global batch {} = micro-batch {} x {} accumulation "
+                  "steps x {} ranks, strategy {}, output {}",
+                  info.parameters, steps, info.global_batch_size, info.micro_batch_size, info.grad_accum_steps,
+                  info.world_size, info.strategy, context.output_dir));
 
   const int64_t profile_start = recipe.run.integer("profile_start");
   if (profile_start > steps) {
@@ -526,9 +530,10 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
       log::info(fmt::format("checkpoint {} written", dir));
     }
     if (stopping) {
-      throw Preempted(fmt::format("stopped by a signal after step {}; the checkpoint resumes with "
-                                  "--set checkpoint.resume=auto",
-                                  step + 1));
+      throw Preempted(
+          fmt::format("stopped by a signal after step {}; the checkpoint resumes with "
+                      "--set checkpoint.resume=auto",
+                      step + 1));
     }
   }
   const fs::path out(context.output_dir);
