@@ -14,10 +14,11 @@ trainer ddp at one rank). What changes is communication, predicted from
             backward (4 N) and the same all-gather (4 N)
     zero3   all-gather of each unit in bf16 before its forward and again
             before its backward (2 N + 2 N) and reduce-scatter of its fp32
-            gradient (4 N)
-    hybrid  zero3 within each node of 8 GPUs (the above over NVLink) and
-            an all-reduce of the 1/8 fp32 gradient shard across nodes
-            (FSDP2's HSDP, ZeRO++'s hpZ; the design of issue 11, not built yet)
+            gradient (4 N); units: the embedding, each block, the head
+    hybrid  zero3 within each node of 8 GPUs (the above over NVLink) and,
+            in the last backward, an all-reduce of each unit's 1/8 piece
+            of the fp32 gradient shard across nodes (shard_group_size = 8;
+            FSDP2's HSDP, ZeRO++'s hpZ)
 - ring collective formulas: an all-reduce of S bytes over P ranks moves
   2 (P-1)/P S per GPU, a reduce-scatter or all-gather (P-1)/P S, each at the
   slowest link's bandwidth, plus a latency per collective of 2 (P-1) hops for
@@ -28,19 +29,24 @@ trainer ddp at one rank). What changes is communication, predicted from
   across;
 - the overlap the code has now: ddp's bucket all-reduces and zero2's bucket
   reduces run behind backward (two thirds of the step's compute) except the
-  last bucket's; zero1's collectives and zero3's (no prefetch yet) are
-  exposed; hybrid is counted with zero3's exposure inside the node and its
-  cross-node all-reduce behind backward. The core's own per-step collectives
-  (token count, loss, stop flag: three of 16 bytes) are exposed latency.
+  last bucket's; zero1's collectives are exposed; zero3 prefetches one unit
+  (forward: the next unit's gather behind this one's compute, a third of the
+  step; backward: the previous unit's gather and this unit's reduce-scatter
+  behind backward), so it exposes the first unit's gather, the last unit's
+  reduce-scatter and whatever exceeds the compute it hides behind; hybrid
+  adds the cross-node all-reduce of each unit's piece behind backward (on
+  the network, beside NVLink's traffic), exposing the last unit's. The
+  core's own per-step collectives (token count, loss, stop flag: three of
+  16 bytes) are exposed latency.
 
     python3 bench/scaling.py [--gpus 8,64,512,4096]
 """
 import argparse
 import math
 
-SHAPES = {  # parameters, and the one-GPU step time of trainer ddp (8192 tokens, bench/README.md, 2026-12-02 / 12-01)
-    "0.5b": (0.494e9, 8192 / 115410),
-    "3b": (3.086e9, 8192 / 25103),
+SHAPES = {  # parameters, units (blocks + embedding + head), one-GPU step time of trainer ddp (8192 tokens, bench/README.md)
+    "0.5b": (0.494e9, 24 + 2, 8192 / 115410),
+    "3b": (3.086e9, 36 + 2, 8192 / 25103),
 }
 NODE = 8
 NVLINK = 360e9  # bytes/s of bus bandwidth per GPU within a node
@@ -67,7 +73,17 @@ def in_buckets(kind, total, ranks, across):
     return count * one, one
 
 
-def step_time(strategy, n, compute, gpus):
+def zero3_exposed(n, units, compute, ranks, across):
+    """Seconds of zero3's communication not hidden by compute, prefetching one unit."""
+    gather = collective("all-gather", 2 * n / units, ranks, across)  # one unit's, bf16
+    reduce = collective("reduce-scatter", 4 * n / units, ranks, across)  # one unit's, fp32
+    forward, backward = (1 - BACKWARD_SHARE) * compute, BACKWARD_SHARE * compute
+    exposed_forward = gather + max(0.0, (units - 1) * gather - forward)
+    exposed_backward = max(0.0, units * gather + (units - 1) * reduce - backward) + reduce
+    return exposed_forward + exposed_backward
+
+
+def step_time(strategy, n, units, compute, gpus):
     across = gpus > NODE
     backward = BACKWARD_SHARE * compute
     core = 3 * collective("all-reduce", 16, gpus, across)
@@ -80,13 +96,12 @@ def step_time(strategy, n, compute, gpus):
         total, last = in_buckets("reduce-scatter", 4 * n, gpus, across)  # a reduce per owner moves what a reduce-scatter does
         exposed = max(0.0, total - last - backward) + last + collective("all-gather", 4 * n, gpus, across)
     elif strategy == "zero3":
-        exposed = 2 * collective("all-gather", 2 * n, gpus, across) + collective("reduce-scatter", 4 * n, gpus, across)
+        exposed = zero3_exposed(n, units, compute, gpus, across)
     elif strategy == "hybrid":
-        inside = min(gpus, NODE)
-        exposed = 2 * collective("all-gather", 2 * n, inside, False) + collective("reduce-scatter", 4 * n, inside, False)
+        exposed = zero3_exposed(n, units, compute, min(gpus, NODE), False)
         if gpus > NODE:
-            cross = collective("all-reduce", 4 * n / NODE, gpus // NODE, True)
-            exposed += max(0.0, cross - backward)
+            piece = collective("all-reduce", 4 * n / NODE / units, gpus // NODE, True)  # one unit's piece of the shard
+            exposed += max(0.0, (units - 1) * piece - backward) + piece
     else:
         raise ValueError(strategy)
     return compute + exposed + core
@@ -98,7 +113,7 @@ def main():
     args = parser.parse_args()
     gpus = [int(g) for g in args.gpus.split(",")]
     strategies = ["ddp", "zero1", "zero2", "zero3", "hybrid"]
-    for shape, (n, compute) in SHAPES.items():
+    for shape, (n, units, compute) in SHAPES.items():
         print(f"\n{shape} shape ({n / 1e9:.3f}B parameters), measured one-GPU step {compute * 1000:.0f} ms; "
               f"predicted step ms (scaling efficiency)")
         print("| strategy | " + " | ".join(f"{g} GPUs" for g in gpus) + " |")
@@ -106,7 +121,7 @@ def main():
         for strategy in strategies:
             cells = []
             for g in gpus:
-                t = step_time(strategy, n, compute, g)
+                t = step_time(strategy, n, units, compute, g)
                 cells.append(f"{t * 1000:.0f} ({compute / t:.0%})")
             print(f"| {strategy} | " + " | ".join(cells) + " |")
 

@@ -25,38 +25,65 @@ namespace trainer {
 
 namespace fs = std::filesystem;
 using namespace manifest;
+using manifest::Range;
 
 namespace {
 
 const char* kStateNames[] = {"values", "exp_avg", "exp_avg_sq"};
 
-struct Chunk {
-  int64_t begin = 0, end = 0;
-};
-// Rank r's canonical chunk of a group of n elements.
-Chunk canonical(int64_t n, int rank, int world) {
-  const int64_t c = (n + world - 1) / world;
-  return Chunk{std::min(n, rank * c), std::min(n, (rank + 1) * c)};
+// The ranges every rank holds, gathered: one all-gather of their counts,
+// one of the ranges (padded to the most any rank has).
+std::vector<std::vector<Range>> gather_ranges(const std::vector<Range>& mine, Comm& comm, torch::Device device) {
+  const int world = comm.world_size();
+  if (world == 1) return {mine};
+  const auto options = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  torch::Tensor counts = torch::zeros({world}, options);
+  comm.all_gather(torch::full({1}, static_cast<int64_t>(mine.size()), options), counts);
+  const int64_t most = counts.max().item<int64_t>();
+  std::vector<int64_t> flat(static_cast<size_t>(3 * most), 0);
+  for (size_t i = 0; i < mine.size(); ++i) {
+    flat[3 * i] = static_cast<int64_t>(mine[i].group);
+    flat[3 * i + 1] = mine[i].begin;
+    flat[3 * i + 2] = mine[i].end;
+  }
+  torch::Tensor all = torch::zeros({3 * most * world}, options);
+  comm.all_gather(torch::tensor(flat, torch::kInt64).to(device), all);
+  all = all.cpu();
+  counts = counts.cpu();
+  std::vector<std::vector<Range>> out(world);
+  for (int r = 0; r < world; ++r) {
+    for (int64_t i = 0; i < counts[r].item<int64_t>(); ++i) {
+      const int64_t at = 3 * (r * most + i);
+      out[r].push_back(Range{static_cast<size_t>(all[at].item<int64_t>()), all[at + 1].item<int64_t>(),
+                             all[at + 2].item<int64_t>()});
+    }
+  }
+  return out;
 }
 
-// How many elements of `chunk` of group `group` the pieces [offset, offset +
-// length) cover, or -1 when a piece lies outside the group or is not 1-D.
-int64_t covered(const std::vector<std::tuple<size_t, int64_t, const torch::Tensor*>>& pieces, size_t group,
-                int64_t group_numel, Chunk chunk) {
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  for (const auto& [g, offset, tensor] : pieces) {
-    if (g != group) continue;
-    if (tensor->dim() != 1 || offset < 0 || offset + tensor->numel() > group_numel) return -1;
-    const int64_t begin = std::max(chunk.begin, offset), end = std::min(chunk.end, offset + tensor->numel());
-    if (end > begin) ranges.emplace_back(begin, end);
+// File `reader`'s tensor of `state` for `group`: the ranges of the group it
+// holds, one after the other; its length is checked against them.
+torch::Tensor read_group(const SafetensorsReader& reader, size_t group, const char* state,
+                         const std::vector<Range>& ranges) {
+  int64_t length = 0;
+  for (const Range& range : ranges) length += range.group == group ? range.size() : 0;
+  if (length == 0) return torch::zeros({0});
+  const std::string name = fmt::format("group{}.{}", group, state);
+  torch::Tensor held = reader.read(name);
+  if (held.dim() != 1 || held.numel() != length) {
+    throw InputError(fmt::format("{}: tensor '{}' has {} elements, the manifest's ranges need {}", reader.path(), name,
+                                 held.numel(), length));
   }
-  std::sort(ranges.begin(), ranges.end());
-  int64_t total = 0, reached = chunk.begin;
-  for (const auto& [begin, end] : ranges) {  // overlapping (replicated) pieces count once
-    total += std::max<int64_t>(0, end - std::max(begin, reached));
-    reached = std::max(reached, end);
-  }
-  return total;
+  return held;
+}
+
+// The pieces of `slice` values inside `range`: [begin, end) in group offsets.
+template <class Slice>
+bool overlap(const Slice& slice, int64_t numel, const Range& range, int64_t* begin, int64_t* end) {
+  if (slice.group != range.group) return false;
+  *begin = std::max(range.begin, slice.offset);
+  *end = std::min(range.end, slice.offset + numel);
+  return *end > *begin;
 }
 
 }  // namespace
@@ -71,71 +98,63 @@ std::vector<int64_t> group_sizes(Model& model) {
   return sizes;
 }
 
+std::vector<std::vector<Range>> assign_writers(const std::vector<Range>& held, Comm& comm, torch::Device device,
+                                               const std::vector<int64_t>& group_numel, std::vector<Range>* problems) {
+  return manifest::writers(gather_ranges(held, comm, device), group_numel, problems);
+}
+
+template <class Slice>
+std::vector<Range> held_ranges(const std::vector<Slice>& slices) {
+  std::vector<Range> out;
+  for (const Slice& s : slices) out.push_back(Range{s.group, s.offset, s.offset + s.values.numel()});
+  return out;
+}
+
 void check_state_coverage(Strategy& strategy, Model& model, Comm& comm, torch::Device device,
                           const std::string& strategy_name) {
-  const int rank = comm.rank(), world = comm.world_size();
+  const int world = comm.world_size();
   const std::vector<int64_t> sizes = group_sizes(model);
   const std::vector<StateSlice> states = strategy.state_slices();
   const std::vector<FlatSlice> parameters = strategy.parameter_slices();
-  std::vector<std::tuple<size_t, int64_t, const torch::Tensor*>> state_pieces, parameter_pieces;
-  bool lengths_agree = true;
+  // This rank's slices: a group the model lacks, a piece not 1-D, or moments
+  // of another length than the values.
+  bool bad = false;
   for (const StateSlice& s : states) {
-    state_pieces.emplace_back(s.group, s.offset, &s.values);
-    lengths_agree = lengths_agree && s.exp_avg.numel() == s.values.numel() && s.exp_avg_sq.numel() == s.values.numel();
+    bad = bad || s.group >= sizes.size() || s.values.dim() != 1 || s.exp_avg.numel() != s.values.numel() ||
+          s.exp_avg_sq.numel() != s.values.numel();
   }
-  for (const FlatSlice& s : parameters) parameter_pieces.emplace_back(s.group, s.offset, &s.values);
-  // Per group: [state elements missing, parameter elements missing], -1 for
-  // a piece out of bounds; then one flag for unequal state lengths.
-  std::vector<int64_t> local;
-  bool unknown_group = false;
-  for (const StateSlice& s : states) unknown_group = unknown_group || s.group >= sizes.size();
-  for (const FlatSlice& s : parameters) unknown_group = unknown_group || s.group >= sizes.size();
-  for (size_t g = 0; g < sizes.size(); ++g) {
-    const Chunk mine = canonical(sizes[g], rank, world);
-    const int64_t want = mine.end - mine.begin;
-    for (const auto* pieces : {&state_pieces, &parameter_pieces}) {
-      const int64_t have = covered(*pieces, g, sizes[g], mine);
-      local.push_back(have < 0 ? -1 : want - have);
-    }
-  }
-  local.push_back(lengths_agree && !unknown_group ? 0 : 1);
-  const int64_t width = static_cast<int64_t>(local.size());
-  torch::Tensor mine = torch::tensor(local, torch::kInt64).to(device);
-  torch::Tensor all = torch::zeros({width * world}, mine.options());
+  for (const FlatSlice& s : parameters) bad = bad || s.group >= sizes.size() || s.values.dim() != 1;
+  torch::Tensor flags = torch::zeros({world}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  const torch::Tensor mine = torch::full({1}, int64_t{bad ? 1 : 0}, flags.options());
   if (world > 1) {
-    comm.all_gather(mine, all);
+    comm.all_gather(mine, flags);
   } else {
-    all.copy_(mine);
+    flags.copy_(mine);
   }
-  all = all.cpu();
+  flags = flags.cpu();
   for (int r = 0; r < world; ++r) {
-    const auto at = [&](int64_t k) { return all[r * width + k].item<int64_t>(); };
-    if (at(width - 1) != 0) {
+    if (flags[r].item<int64_t>() != 0) {
       throw InputError(
-          fmt::format("strategy '{}': rank {}'s state slices name a group beyond the model's {} or "
-                      "have values and moments of unequal lengths (trainer/Strategy.h, state_slices)",
+          fmt::format("strategy '{}': rank {}'s state or parameter slices name a group beyond the model's {}, are "
+                      "not 1-D, or have values and moments of unequal lengths (trainer/Strategy.h, state_slices)",
                       strategy_name, r, sizes.size()));
     }
-    for (size_t g = 0; g < sizes.size(); ++g) {
-      for (int k = 0; k < 2; ++k) {
-        const int64_t missing = at(static_cast<int64_t>(2 * g) + k);
-        if (missing == 0) continue;
-        const Chunk chunk = canonical(sizes[g], r, world);
-        const char* what = k == 0 ? "state_slices" : "parameter_slices";
-        if (missing < 0) {
-          throw InputError(
-              fmt::format("strategy '{}': rank {}'s {} hold a piece of group {} outside its {} "
-                          "elements, or not 1-D",
-                          strategy_name, r, what, g, sizes[g]));
-        }
-        throw InputError(
-            fmt::format("strategy '{}': rank {}'s {} leave {} of the elements [{}, {}) of group {} "
-                        "uncovered; rank r must hold chunk r of ceil(n / world size) elements of "
-                        "every group (trainer/Strategy.h), which checkpoints and the final weights "
-                        "are assembled from",
-                        strategy_name, r, what, missing, chunk.begin, chunk.end, g));
-      }
+  }
+  for (const bool state : {true, false}) {
+    std::vector<Range> problems;
+    assign_writers(state ? held_ranges(states) : held_ranges(parameters), comm, device, sizes, &problems);
+    if (problems.empty()) continue;
+    const Range& p = problems.front();
+    const char* what = state ? "state_slices" : "parameter_slices";
+    if (p.begin < 0 || p.end > sizes[p.group]) {
+      throw InputError(fmt::format("strategy '{}': a rank's {} hold elements [{}, {}) of group {}, outside its {}",
+                                   strategy_name, what, p.begin, p.end, p.group, sizes[p.group]));
     }
+    throw InputError(
+        fmt::format("strategy '{}': no rank's {} hold elements [{}, {}) of group {}; together the ranks' slices "
+                    "must cover every element of every group (trainer/Strategy.h), which checkpoints and the final "
+                    "weights are assembled from",
+                    strategy_name, what, p.begin, p.end, p.group));
   }
 }
 
@@ -155,29 +174,37 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
   }
   comm.barrier();
 
-  // This rank's canonical chunks, filled from the state it holds.
+  // The ranges this rank writes (each element once, from one of the ranks
+  // that hold it), filled from the state it holds.
   const std::vector<StateSlice> slices = strategy.state_slices();
   const std::vector<int64_t> group_numel = group_sizes(model);  // covered: check_state_coverage at setup
+  const torch::Device device = slices.empty() ? torch::Device(torch::kCPU) : slices.front().values.device();
+  std::vector<Range> problems;
+  const std::vector<std::vector<Range>> written =
+      assign_writers(held_ranges(slices), comm, device, group_numel, &problems);
+  if (!problems.empty()) {
+    throw std::logic_error(fmt::format("strategy '{}': no rank holds elements [{}, {}) of group {} to save",
+                                       strategy_name_, problems[0].begin, problems[0].end, problems[0].group));
+  }
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   torch::NoGradGuard no_grad;
   for (size_t g = 0; g < group_numel.size(); ++g) {
-    const Chunk mine = canonical(group_numel[g], rank, world);
+    int64_t length = 0;
+    for (const Range& range : written[rank]) length += range.group == g ? range.size() : 0;
     for (int k = 0; k < 3; ++k) {
-      torch::Tensor chunk = torch::zeros({mine.end - mine.begin});
-      int64_t covered = 0;
-      for (const StateSlice& s : slices) {
-        if (s.group != g) continue;
-        const torch::Tensor& source = k == 0 ? s.values : (k == 1 ? s.exp_avg : s.exp_avg_sq);
-        const int64_t begin = std::max(mine.begin, s.offset), end = std::min(mine.end, s.offset + source.numel());
-        if (end <= begin) continue;
-        chunk.narrow(0, begin - mine.begin, end - begin).copy_(source.narrow(0, begin - s.offset, end - begin));
-        covered += end - begin;
+      torch::Tensor out = torch::zeros({length});
+      int64_t at = 0;
+      for (const Range& range : written[rank]) {
+        if (range.group != g) continue;
+        for (const StateSlice& s : slices) {
+          const torch::Tensor& source = k == 0 ? s.values : (k == 1 ? s.exp_avg : s.exp_avg_sq);
+          int64_t begin = 0, end = 0;
+          if (!overlap(s, source.numel(), range, &begin, &end)) continue;
+          out.narrow(0, at + begin - range.begin, end - begin).copy_(source.narrow(0, begin - s.offset, end - begin));
+        }
+        at += range.size();
       }
-      if (covered < mine.end - mine.begin) {
-        throw std::logic_error(fmt::format("strategy '{}' holds {} of the {} elements of group {} that rank {} saves",
-                                           strategy_name_, covered, mine.end - mine.begin, g, rank));
-      }
-      tensors.emplace_back(fmt::format("group{}.{}", g, kStateNames[k]), chunk);
+      tensors.emplace_back(fmt::format("group{}.{}", g, kStateNames[k]), out);
     }
   }
   const fs::path shard = temporary / fmt::format("rank-{:05d}.safetensors", rank);
@@ -190,7 +217,6 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
       {static_cast<int64_t>(hash.high), static_cast<int64_t>(hash.low), static_cast<int64_t>(fs::file_size(shard))},
       torch::kInt64);
   torch::Tensor all = torch::zeros({3 * world}, torch::kInt64);
-  const torch::Device device = slices.empty() ? torch::Device(torch::kCPU) : slices.front().values.device();
   torch::Tensor all_device = all.to(device);
   comm.all_gather(local.to(device), all_device);
   all = all_device.cpu();
@@ -200,9 +226,12 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
     for (int r = 0; r < world; ++r) {
       const Hash128 h{static_cast<uint64_t>(all[3 * r].item<int64_t>()),
                       static_cast<uint64_t>(all[3 * r + 1].item<int64_t>())};
+      Json ranges = Json::array();
+      for (const Range& range : written[r]) ranges.push_back(Json::array({range.group, range.begin, range.end}));
       files.push_back(Json{{"name", fmt::format("rank-{:05d}.safetensors", r)},
                            {"xxh3_128", h.hex()},
-                           {"bytes", all[3 * r + 2].item<int64_t>()}});
+                           {"bytes", all[3 * r + 2].item<int64_t>()},
+                           {"ranges", ranges}});
     }
     for (const NamedParameter& p : model.parameters()) {
       parameters.push_back(
@@ -311,16 +340,22 @@ std::string Checkpointer::resolve(const std::string& resume) const {
 std::vector<torch::Tensor> checkpoint_state(const std::string& dir, const char* name) {
   const Json manifest = trainer::manifest::read(dir);
   const fs::path file = fs::path(dir) / "manifest.json";
-  const int world_size = static_cast<int>(member(manifest, "world_size", file).get<int64_t>());
-  const size_t groups = member(manifest, "group_numel", file).size();
+  const std::vector<std::vector<Range>> ranges = manifest::file_ranges(manifest, file);
   std::vector<torch::Tensor> out;
-  for (size_t g = 0; g < groups; ++g) {
-    std::vector<torch::Tensor> chunks;
-    for (int r = 0; r < world_size; ++r) {
-      const SafetensorsReader reader((fs::path(dir) / fmt::format("rank-{:05d}.safetensors", r)).string());
-      chunks.push_back(reader.read(fmt::format("group{}.{}", g, name)));
+  for (const Json& n : member(manifest, "group_numel", file)) out.push_back(torch::zeros({n.get<int64_t>()}));
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    const SafetensorsReader reader((fs::path(dir) / member(member(manifest, "files", file)[r], "name", file)
+                                                        .get<std::string>())
+                                       .string());
+    for (size_t g = 0; g < out.size(); ++g) {
+      const torch::Tensor held = read_group(reader, g, name, ranges[r]);
+      int64_t at = 0;
+      for (const Range& range : ranges[r]) {
+        if (range.group != g) continue;
+        out[g].narrow(0, range.begin, range.size()).copy_(held.narrow(0, at, range.size()));
+        at += range.size();
+      }
     }
-    out.push_back(torch::cat(chunks));
   }
   return out;
 }
@@ -371,8 +406,7 @@ TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, 
   }
   if (!same) throw InputError(fmt::format("{}: the model's parameters differ from the checkpoint's", file.string()));
   const int saved_world = static_cast<int>(member(manifest, "world_size", file).get<int64_t>());
-  std::vector<int64_t> group_numel;
-  for (const Json& n : member(manifest, "group_numel", file)) group_numel.push_back(n.get<int64_t>());
+  const std::vector<std::vector<Range>> ranges = manifest::file_ranges(manifest, file);
   std::vector<std::unique_ptr<SafetensorsReader>> readers;
   for (const Json& f : member(manifest, "files", file)) {
     readers.push_back(
@@ -382,17 +416,17 @@ TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, 
   for (StateSlice& s : strategy.state_slices()) {
     for (int k = 0; k < 3; ++k) {
       torch::Tensor& target = k == 0 ? s.values : (k == 1 ? s.exp_avg : s.exp_avg_sq);
-      for (int r = 0; r < saved_world; ++r) {
-        const Chunk chunk = canonical(group_numel.at(s.group), r, saved_world);
-        const int64_t begin = std::max(chunk.begin, s.offset), end = std::min(chunk.end, s.offset + target.numel());
-        if (end <= begin) continue;
-        const std::string tensor = fmt::format("group{}.{}", s.group, kStateNames[k]);
-        const torch::Tensor source = readers.at(r)->read(tensor);
-        if (source.dim() != 1 || source.numel() != chunk.end - chunk.begin) {
-          throw InputError(fmt::format("{}: tensor '{}' has {} elements, the manifest's layout needs {}",
-                                       readers.at(r)->path(), tensor, source.numel(), chunk.end - chunk.begin));
+      for (size_t r = 0; r < ranges.size(); ++r) {
+        torch::Tensor held;  // read once the file turns out to hold some of the slice
+        int64_t at = 0;
+        for (const Range& range : ranges[r]) {
+          int64_t begin = 0, end = 0;
+          if (overlap(s, target.numel(), range, &begin, &end)) {
+            if (!held.defined()) held = read_group(*readers[r], s.group, kStateNames[k], ranges[r]);
+            target.narrow(0, begin - s.offset, end - begin).copy_(held.narrow(0, at + begin - range.begin, end - begin));
+          }
+          if (range.group == s.group) at += range.size();
         }
-        target.narrow(0, begin - s.offset, end - begin).copy_(source.narrow(0, begin - chunk.begin, end - begin));
       }
     }
   }

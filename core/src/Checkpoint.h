@@ -1,14 +1,17 @@
 // Sharded checkpoints in a layout independent of strategy and world size:
-// each rank writes the canonical chunk of every flat group (rank r: elements
-// [r c, (r + 1) c), c = ceil(n / world)) of the fp32 master weights and AdamW
-// moments; rank 0 writes a manifest with the step, the layout and a checksum
-// per file. Any strategy at any world size reads the pieces it owns.
+// each rank writes ranges of the flat groups' fp32 master weights and AdamW
+// moments, every element once, from one of the ranks that hold it
+// (assign_writers: ddp's full copies give rank r the r-th of ceil(n / world)
+// elements, disjoint shards their own, replicated shards a part each); rank
+// 0 writes a manifest with the step, every file's ranges and checksum. Any
+// strategy at any world size reads the pieces it holds.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "Manifest.h"
 #include "trainer/Comm.h"
 #include "trainer/Model.h"
 #include "trainer/Strategy.h"
@@ -59,13 +62,19 @@ class Checkpointer {
 /// left out), as flatten_parameters lays them out.
 std::vector<int64_t> group_sizes(Model& model);
 
-/// Collective; right after Strategy::setup (`device`: where the comm
-/// moves tensors). Checkpoints and the final
-/// weights are assembled by the canonical rule: rank r contributes chunk r
-/// (ceil(n / world) elements) of every flat group, so its state_slices() and
-/// parameter_slices() must cover that chunk, within the group's bounds.
-/// Throws InputError on every rank, naming the strategy, the rank and the
-/// group, when any rank's do not (a strategy bug that would otherwise show
+/// Collective (`device`: where the comm moves tensors). From the ranges
+/// each rank holds, the ranges every rank writes: manifest::writers, the
+/// problems (elements no rank holds, ranges outside a group) in `problems`.
+std::vector<std::vector<manifest::Range>> assign_writers(const std::vector<manifest::Range>& held, Comm& comm,
+                                                         torch::Device device, const std::vector<int64_t>& group_numel,
+                                                         std::vector<manifest::Range>* problems);
+
+/// Collective; right after Strategy::setup. Checkpoints and the final
+/// weights are assembled from the slices (assign_writers), so together the
+/// ranks' state_slices() and parameter_slices() must cover every element of
+/// every flat group, within its bounds, 1-D, with moments as long as the
+/// values. Throws InputError on every rank, naming the strategy, the rank or
+/// the elements, when they do not (a strategy bug that would otherwise show
 /// up hours later as a failed checkpoint, or as zeros in exported weights).
 void check_state_coverage(Strategy& strategy, Model& model, Comm& comm, torch::Device device,
                           const std::string& strategy_name);

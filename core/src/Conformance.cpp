@@ -258,20 +258,39 @@ void bf16_accumulation_check(PluginRegistry& registry, const LoadedPlugin& plugi
 
 }  // namespace
 
-std::string Split::text() const { return fmt::format("{}x{}x{}", micro, accum, world); }
+std::string Split::text() const {
+  return shard_group > 0 ? fmt::format("{}x{}x{}g{}", micro, accum, world, shard_group)
+                         : fmt::format("{}x{}x{}", micro, accum, world);
+}
+
+std::string Split::options() const {
+  return shard_group > 0 ? fmt::format("shard_group_size = {}\n", shard_group) : "";
+}
 
 Split parse_split(const std::string& text) {
   Split s;
   char extra = 0;
-  if (std::sscanf(text.c_str(), "%ld,%ld,%d%c", &s.micro, &s.accum, &s.world, &extra) != 3 || s.micro < 1 ||
-      s.accum < 1 || s.world < 1 || s.micro * s.accum * s.world != kGlobalBatch) {
-    throw InputError(
-        fmt::format("--split {}: expected micro,accum,world with micro x accum x world = {}", text, kGlobalBatch));
+  const int fields = std::sscanf(text.c_str(), "%ld,%ld,%d,%d%c", &s.micro, &s.accum, &s.world, &s.shard_group, &extra);
+  if ((fields != 3 && fields != 4) || s.micro < 1 || s.accum < 1 || s.world < 1 ||
+      s.micro * s.accum * s.world != kGlobalBatch || (fields == 4 && (s.shard_group < 1 || s.world % s.shard_group))) {
+    throw InputError(fmt::format(
+        "--split {}: expected micro,accum,world with micro x accum x world = {}, or micro,accum,world,shard_group_size "
+        "with a shard group size that divides the world size",
+        text, kGlobalBatch));
   }
   return s;
 }
 
-std::vector<Split> default_splits() { return {{8, 1, 1}, {2, 4, 1}, {1, 8, 1}, {4, 1, 2}, {2, 2, 2}, {1, 2, 4}}; }
+std::vector<Split> default_splits(const LoadedPlugin& strategy) {
+  std::vector<Split> splits = {{8, 1, 1}, {2, 4, 1}, {1, 8, 1}, {4, 1, 2}, {2, 2, 2}, {1, 2, 4}};
+  for (size_t k = 0; k < strategy.descriptor->num_keys; ++k) {
+    if (std::string(strategy.descriptor->keys[k].name) == "shard_group_size") {
+      splits.push_back({1, 2, 4, 2});
+      splits.push_back({2, 2, 2, 1});
+    }
+  }
+  return splits;
+}
 
 void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& request, const Split& split,
                             const WorldInfo& world, const std::string& rank_report) {
@@ -283,7 +302,9 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
   Context context;
   context.rank = world.rank;
   context.world_size = world.world_size;
-  auto fresh_strategy = [&] { return PluginRegistry::create<Strategy>(plugin, plugin_options(plugin, ""), context); };
+  auto fresh_strategy = [&] {
+    return PluginRegistry::create<Strategy>(plugin, plugin_options(plugin, split.options()), context);
+  };
   const AdamWConfig adamw{0.9, 0.999, 1e-8, 0.1};
 
   ConformanceRow row;
@@ -347,7 +368,8 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
   auto train_steps = [&](const LoadedPlugin& which, Reference* ref, std::vector<torch::Tensor>* min_ratio) {
     Trained t;
     t.model = make_model(registry);
-    t.strategy = PluginRegistry::create<Strategy>(which, plugin_options(which, ""), context);
+    t.strategy = PluginRegistry::create<Strategy>(which, plugin_options(which, &which == &plugin ? split.options() : ""),
+                                                  context);
     t.strategy->setup(*t.model, *comm, StrategyEnv{device, adamw});
     for (int step = 0; step < kSteps; ++step) {
       const Fixture f = fixture(step);
@@ -476,7 +498,10 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
       std::vector<std::string> args = {executable};
       for (const std::string& plugin_dir : request.plugin_dirs) args.insert(args.end(), {"--plugin-dir", plugin_dir});
       args.insert(args.end(), {"check-plugin", request.strategy, "--split",
-                               fmt::format("{},{},{}", split.micro, split.accum, split.world), "--device",
+                               split.shard_group > 0
+                                   ? fmt::format("{},{},{},{}", split.micro, split.accum, split.world, split.shard_group)
+                                   : fmt::format("{},{},{}", split.micro, split.accum, split.world),
+                               "--device",
                                request.device, "--backend", request.backend, "--timeout",
                                fmt::format("{}", request.timeout_s), "--rank-report", dir.string()});
       if (!previous_checkpoint.empty()) args.insert(args.end(), {"--load-checkpoint", previous_checkpoint});

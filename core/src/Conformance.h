@@ -12,17 +12,26 @@
 namespace trainer {
 
 /// One split of the kit's global batch of 8: micro-batch size x
-/// accumulation steps x world size.
+/// accumulation steps x world size, and for hybrid sharding the strategy's
+/// shard_group_size (0: not set).
 struct Split {
   int64_t micro = 8;
   int64_t accum = 1;
   int world = 1;
-  std::string text() const;
+  int shard_group = 0;
+  std::string text() const;  ///< "2x2x2", or "1x2x4g2" with a shard group size
+  /// The strategy's recipe table for this split ("" or its shard_group_size).
+  std::string options() const;
 };
 
-/// "m,a,w" -> Split; InputError unless m * a * w == 8.
+/// "m,a,w" or "m,a,w,s" -> Split; InputError unless m * a * w == 8 and s
+/// divides w.
 Split parse_split(const std::string& text);
-std::vector<Split> default_splits();
+/// Six splits over world sizes 1, 2 and 4; for a strategy that declares
+/// shard_group_size also world size 4 in shard groups of 2 and world size
+/// 2 in groups of 1 (every rank a replica), after the others so that they
+/// load a sharded checkpoint and write a hybrid one.
+std::vector<Split> default_splits(const LoadedPlugin& strategy);
 
 struct ConformanceRequest {
   std::string strategy;  ///< plugin name or .so path

@@ -59,6 +59,11 @@ std::vector<MetricField> metric_fields(const StepRecord& r) {
 }
 Strategy::~Strategy() = default;
 Comm::~Comm() = default;
+std::unique_ptr<Comm> Comm::split(int, int) {
+  throw TrainingError(
+      "this communication backend offers no sub-groups (Comm::split), which hybrid sharding "
+      "(strategy.shard_group_size) needs: use distributed.backend = 'gloo' or 'nccl'");
+}
 CommWork::~CommWork() = default;
 
 namespace {
@@ -86,6 +91,10 @@ class SingleProcessComm final : public Comm {
   std::unique_ptr<CommWork> broadcast_async(torch::Tensor, int) override { return done(); }
   std::unique_ptr<CommWork> reduce_sum_async(torch::Tensor, int) override { return done(); }
   void barrier() override {}
+  std::unique_ptr<Comm> split(int color, int) override {
+    if (color < 0) throw std::invalid_argument("Comm::split: colors are >= 0");
+    return std::make_unique<SingleProcessComm>();
+  }
 
  private:
   static std::unique_ptr<CommWork> done() { return std::make_unique<DoneWork>(); }

@@ -1,9 +1,12 @@
 // Checkpoint manifests (see Manifest.h).
 #include "Manifest.h"
 
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -55,6 +58,63 @@ uint64_t file_fnv1a(const fs::path& file) {
       hash = (hash ^ static_cast<unsigned char>(buffer[i])) * 0x100000001b3ULL;
   }
   return hash;
+}
+
+Range canonical_chunk(size_t group, int64_t n, int rank, int world) {
+  const int64_t c = (n + world - 1) / world;
+  return Range{group, std::min(n, rank * c), std::min(n, (rank + 1) * c)};
+}
+
+std::vector<std::vector<Range>> writers(const std::vector<std::vector<Range>>& held,
+                                        const std::vector<int64_t>& group_numel, std::vector<Range>* problems) {
+  std::vector<std::vector<Range>> out(held.size());
+  problems->clear();
+  for (size_t g = 0; g < group_numel.size(); ++g) {
+    const int64_t n = group_numel[g];
+    // Where the set of holders may change: +1 / -1 per rank at each bound.
+    std::map<int64_t, std::vector<std::pair<size_t, int>>> bounds{{0, {}}, {n, {}}};
+    for (size_t r = 0; r < held.size(); ++r) {
+      for (const Range& range : held[r]) {
+        if (range.group != g || range.size() <= 0) continue;
+        if (range.begin < 0 || range.end > n) {
+          problems->push_back(range);
+          continue;
+        }
+        bounds[range.begin].emplace_back(r, 1);
+        bounds[range.end].emplace_back(r, -1);
+      }
+    }
+    std::vector<int> depth(held.size(), 0);  // per rank: its ranges covering the current segment
+    std::vector<size_t> holders, run_holders;
+    int64_t run_begin = 0;
+    const auto close_run = [&](int64_t end) {
+      if (end <= run_begin) return;
+      if (run_holders.empty()) {
+        problems->push_back(Range{g, run_begin, end});
+        return;
+      }
+      const int64_t h = static_cast<int64_t>(run_holders.size());
+      const int64_t part = (end - run_begin + h - 1) / h;
+      for (int64_t j = 0; j < h; ++j) {
+        const int64_t b = std::min(end, run_begin + j * part), e = std::min(end, run_begin + (j + 1) * part);
+        if (e > b) out[run_holders[j]].push_back(Range{g, b, e});
+      }
+    };
+    for (auto it = bounds.begin(); it != bounds.end() && it->first <= n; ++it) {
+      for (const auto& [r, delta] : it->second) depth[r] += delta;
+      holders.clear();
+      for (size_t r = 0; r < depth.size(); ++r) {
+        if (depth[r] > 0) holders.push_back(r);
+      }
+      if (holders != run_holders) {
+        close_run(it->first);
+        run_begin = it->first;
+        run_holders = holders;
+      }
+    }
+    close_run(n);
+  }
+  return out;
 }
 
 const Json& member(const Json& object, const char* key, const fs::path& file) {
@@ -141,6 +201,65 @@ void validate(const Json& manifest, const fs::path& file) {
     throw InputError(fmt::format("{}: the parameters add up to [{}] elements per group, 'group_numel' says [{}]",
                                  file.string(), fmt::join(counted, ", "), fmt::join(declared, ", ")));
   }
+  if (member(manifest, "format", file) != kFormat) return;
+  // Format 3: every element of every group in exactly one file.
+  std::vector<std::vector<Range>> held;
+  for (size_t r = 0; r < files.size(); ++r) {
+    held.emplace_back();
+    for (const Json& range : array_member(files[r], "ranges", file)) {
+      if (!range.is_array() || range.size() != 3 || !json_is_int64(range[0]) || !json_is_int64(range[1]) ||
+          !json_is_int64(range[2]) || range[0].get<int64_t>() < 0 ||
+          range[0].get<int64_t>() >= static_cast<int64_t>(declared.size()) || range[1].get<int64_t>() < 0 ||
+          range[2].get<int64_t>() <= range[1].get<int64_t>() ||
+          range[2].get<int64_t>() > declared[range[0].get<size_t>()]) {
+        throw InputError(fmt::format("{}: file {}'s 'ranges' must hold [group, begin, end] with 0 <= begin < end <= "
+                                     "the group's elements, got {}",
+                                     file.string(), r, range.dump()));
+      }
+      const Range next{range[0].get<size_t>(), range[1].get<int64_t>(), range[2].get<int64_t>()};
+      if (!held.back().empty() && std::tie(next.group, next.begin) < std::tie(held.back().back().group,
+                                                                               held.back().back().end)) {
+        throw InputError(fmt::format("{}: file {}'s 'ranges' must be ascending and disjoint", file.string(), r));
+      }
+      held.back().push_back(next);
+    }
+  }
+  std::vector<Range> problems;
+  const std::vector<std::vector<Range>> written = writers(held, declared, &problems);
+  if (!problems.empty()) {
+    throw InputError(fmt::format("{}: no file holds elements [{}, {}) of group {}", file.string(), problems[0].begin,
+                                 problems[0].end, problems[0].group));
+  }
+  for (size_t r = 0; r < held.size(); ++r) {
+    int64_t listed = 0, kept = 0;
+    for (const Range& range : held[r]) listed += range.size();
+    for (const Range& range : written[r]) kept += range.size();
+    if (listed != kept) {
+      throw InputError(fmt::format("{}: file {}'s 'ranges' overlap another file's", file.string(), r));
+    }
+  }
+}
+
+std::vector<std::vector<Range>> file_ranges(const Json& manifest, const fs::path& file) {
+  const Json& files = member(manifest, "files", file);
+  const Json& groups = member(manifest, "group_numel", file);
+  const bool listed = member(manifest, "format", file) == kFormat;
+  std::vector<std::vector<Range>> out;
+  for (size_t r = 0; r < files.size(); ++r) {
+    out.emplace_back();
+    if (listed) {
+      for (const Json& range : member(files[r], "ranges", file)) {
+        out.back().push_back(Range{range[0].get<size_t>(), range[1].get<int64_t>(), range[2].get<int64_t>()});
+      }
+      continue;
+    }
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const Range chunk =
+          canonical_chunk(g, groups[g].get<int64_t>(), static_cast<int>(r), static_cast<int>(files.size()));
+      if (chunk.size() > 0) out.back().push_back(chunk);
+    }
+  }
+  return out;
 }
 
 Json read(const fs::path& dir) {
@@ -155,7 +274,7 @@ Json read(const fs::path& dir) {
   } catch (const std::exception& error) {
     throw InputError(fmt::format("{}: malformed: {}", file.string(), error.what()));
   }
-  if (const Json* format = json_find(manifest, "format"); format && *format == kFormat) {
+  if (const Json* format = json_find(manifest, "format"); format && (*format == kFormat || *format == kFormat2)) {
     // The manifest's own checksum first: a manifest edited or damaged is refused whole.
     const fs::path sidecar = dir / "manifest.xxh3";
     std::ifstream recorded_in(sidecar);
@@ -169,8 +288,9 @@ Json read(const fs::path& dir) {
     }
   }
   const Json* format = json_find(manifest, "format");
-  if (!format || (*format != kFormat && *format != kFormat1)) {
-    throw InputError(fmt::format("{}: not a {} (or {}) manifest", file.string(), kFormat, kFormat1));
+  if (!format || (*format != kFormat && *format != kFormat2 && *format != kFormat1)) {
+    throw InputError(
+        fmt::format("{}: not a {} (or {}, {}) manifest", file.string(), kFormat, kFormat2, kFormat1));
   }
   validate(manifest, file);
   return manifest;

@@ -12,11 +12,44 @@
 
 namespace trainer::manifest {
 
-/// Format 2: XXH3-128 per file, and manifest.xxh3 beside the manifest with
-/// the checksum of manifest.json itself. Format 1 (FNV-1a per file, the
-/// manifest unchecked) is still read.
-inline constexpr const char* kFormat = "trainer-checkpoint-2";
+/// Format 3: each file lists the ranges of the flat groups it holds
+/// ("ranges": [[group, begin, end], ...], ascending; its tensor
+/// "group<g>.<state>" is those of group g, one after the other), so any
+/// split of the state among the ranks (replicated shards among them) can be
+/// written once. Format 2 (the same checksums; file r holds the canonical
+/// chunk r of every group) and format 1 (FNV-1a per file, the manifest
+/// unchecked) are still read.
+inline constexpr const char* kFormat = "trainer-checkpoint-3";
+inline constexpr const char* kFormat2 = "trainer-checkpoint-2";
 inline constexpr const char* kFormat1 = "trainer-checkpoint-1";
+
+/// Elements [begin, end) of flat group `group`.
+struct Range {
+  size_t group = 0;
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+  bool operator==(const Range& other) const {
+    return group == other.group && begin == other.begin && end == other.end;
+  }
+};
+
+/// Formats 1 and 2: rank r's chunk of a group of n elements, the r-th of
+/// ceil(n / world) elements.
+Range canonical_chunk(size_t group, int64_t n, int rank, int world);
+
+/// Who writes what (checkpoints, final weights), from what every rank
+/// holds (`held[r]`: rank r's ranges, possibly overlapping): every element
+/// of the groups is written by exactly one of the ranks that hold it. A run
+/// of elements held by the same ranks is split among them in rank order,
+/// in parts of ceil(length / holders): full copies on every rank give the
+/// canonical chunks, disjoint shards give each rank its own. Elements no
+/// rank holds, or ranges outside their group, go to `problems` (none: the
+/// layout is complete). Each rank's ranges come out ascending.
+std::vector<std::vector<Range>> writers(const std::vector<std::vector<Range>>& held,
+                                        const std::vector<int64_t>& group_numel, std::vector<Range>* problems);
+
+/// The ranges each file of a validated manifest holds, in its order.
+std::vector<std::vector<Range>> file_ranges(const Json& manifest, const std::filesystem::path& file);
 
 struct Hash128 {
   uint64_t high = 0, low = 0;

@@ -78,35 +78,38 @@ std::string tensors_xxh3(const std::vector<torch::Tensor>& tensors) {
   return manifest::pieces_xxh3(pieces);
 }
 
-// The parameters, consolidated: every rank contributes the elements of the
-// flat layout it owns by the canonical rule (rank r: the r-th chunk of
-// ceil(n / world) elements of each group), which every strategy's slices
-// cover (check_state_coverage), and one all-reduce assembles them.
+// The parameters, consolidated: every rank contributes the ranges of the
+// flat layout it writes (assign_writers over its parameter slices: each
+// element from one of the ranks that hold it), and one all-reduce per piece
+// assembles them.
 std::vector<torch::Tensor> consolidated_parameters(Model& model, Strategy& strategy, Comm& comm, torch::Device device,
                                                    bool writer) {
   const std::vector<int64_t> group_numel = group_sizes(model);
+  const std::vector<FlatSlice> slices = strategy.parameter_slices();
+  std::vector<manifest::Range> held, problems;
+  for (const FlatSlice& s : slices) held.push_back({s.group, s.offset, s.offset + s.values.numel()});
+  const std::vector<manifest::Range> mine =
+      assign_writers(held, comm, device, group_numel, &problems).at(static_cast<size_t>(comm.rank()));
   // Assembled on the host one device chunk at a time: a device copy of all
   // parameters at once would set the run's peak device memory at its end.
-  // Each rank contributes the part of its slices inside its own 1/world
-  // range (slices may be replicated), and a sum assembles every chunk.
   constexpr int64_t kChunk = int64_t(64) << 20;  // elements: 256 MiB of fp32
   torch::NoGradGuard no_grad;
-  const std::vector<FlatSlice> slices = strategy.parameter_slices();
   std::vector<torch::Tensor> full;
   for (size_t g = 0; g < group_numel.size(); ++g) {
     const int64_t n = group_numel[g];
     full.push_back(writer ? torch::empty({n}) : torch::Tensor());
-    const int64_t share = (n + comm.world_size() - 1) / comm.world_size();
-    const int64_t mine_begin = comm.rank() * share, mine_end = std::min(n, mine_begin + share);
     for (int64_t start = 0; start < n; start += kChunk) {
       const int64_t end_of_chunk = std::min(n, start + kChunk);
       torch::Tensor part = torch::zeros({end_of_chunk - start}, torch::TensorOptions().device(device));
-      for (const FlatSlice& slice : slices) {
-        if (slice.group != g) continue;
-        const int64_t begin = std::max({slice.offset, mine_begin, start});
-        const int64_t end = std::min({slice.offset + slice.values.numel(), mine_end, end_of_chunk});
-        if (end > begin) {
-          part.narrow(0, begin - start, end - begin).copy_(slice.values.narrow(0, begin - slice.offset, end - begin));
+      for (const manifest::Range& range : mine) {
+        if (range.group != g) continue;
+        for (const FlatSlice& slice : slices) {
+          if (slice.group != g) continue;
+          const int64_t begin = std::max({slice.offset, range.begin, start});
+          const int64_t end = std::min({slice.offset + slice.values.numel(), range.end, end_of_chunk});
+          if (end > begin) {
+            part.narrow(0, begin - start, end - begin).copy_(slice.values.narrow(0, begin - slice.offset, end - begin));
+          }
         }
       }
       if (comm.world_size() > 1) comm.all_reduce_sum(part);

@@ -22,7 +22,8 @@ std::string tensors_xxh3(const std::vector<torch::Tensor>& tensors);
 void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const std::filesystem::path& file, bool writer,
                    int64_t steps, int64_t applied_updates, const std::vector<torch::Tensor>& consolidated);
 /// Collective: the fp32 flat parameter groups (flatten_parameters' layout)
-/// assembled from every rank's canonical chunk, on the host of the writer
+/// assembled from the ranks' parameter slices (each element from one of
+/// the ranks that hold it, assign_writers), on the host of the writer
 /// (undefined tensors elsewhere).
 std::vector<torch::Tensor> consolidated_parameters(Model& model, Strategy& strategy, Comm& comm, torch::Device device,
                                                    bool writer);

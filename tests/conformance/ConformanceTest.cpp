@@ -35,7 +35,9 @@ TEST_P(Conformance, MatchesTheFp64Reference) {
   const auto result = trainer("check-plugin " + c.strategy + " --split " + c.split + " --report " + dir + "/report.jsonl");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const std::vector<MetricsRow> rows = read_metrics(dir + "/report.jsonl");
-  ASSERT_EQ(static_cast<int>(rows.size()), std::stoi(c.split.substr(c.split.rfind(',') + 1)));
+  int world = 0;
+  ASSERT_GE(std::sscanf(c.split.c_str(), "%*d,%*d,%d", &world), 1) << c.split;
+  ASSERT_EQ(static_cast<int>(rows.size()), world);
   for (const MetricsRow& row : rows) {
     // Tolerances of the contract (origin in core/src/Conformance.cpp).
     EXPECT_LE(row.at("grad_error"), 1e-5) << "rank " << row.at("rank");
@@ -45,9 +47,14 @@ TEST_P(Conformance, MatchesTheFp64Reference) {
     EXPECT_GE(row.at("reproducible_error"), 0.0) << "rank " << row.at("rank");
     EXPECT_LE(row.at("reproducible_error"), 1e-5) << "rank " << row.at("rank");
     // World size 1: the same arithmetic as ddp, so the same bits.
-    if (c.split.back() == '1') {
+    if (world == 1) {
       EXPECT_EQ(row.at("identical_to_ddp"), 1.0);
     }
+    // The final weights, consolidated from every rank (replicas included).
+    if (row.at("rank") == 0) {
+      EXPECT_LE(row.at("final_weights_error"), 1e-4);
+    }
+    EXPECT_EQ(row.at("checkpoint_saved"), 1.0) << "rank " << row.at("rank");
   }
 }
 
@@ -55,6 +62,11 @@ std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
     for (const char* split : {"8,1,1", "2,4,1", "1,8,1", "4,1,2", "2,2,2", "1,2,4"}) cases.push_back({strategy, split});
+    // Hybrid sharding: world size 4 in shard groups of 2, and every rank a
+    // replica (groups of 1).
+    if (std::string(strategy) != "ddp") {
+      for (const char* split : {"1,2,4,2", "2,2,2,1"}) cases.push_back({strategy, split});
+    }
   }
   return cases;
 }
@@ -137,16 +149,17 @@ TEST(ConformanceReproducible, OneGradientAtEverySplitAndCopiesFail) {
 }
 
 // Slices that break the rule checkpoints and the final weights are built by
-// (rank r holds chunk r) fail the kit at world size > 1 with the rule named,
-// and a run stops at setup instead of at its first checkpoint.
+// (together the ranks' slices cover every element) fail the kit at world
+// size > 1 with the rule named, and a run stops at setup instead of at its
+// first checkpoint.
 TEST(ConformanceNegativeControl, SlicesThatMissTheirChunkFail) {
   const std::string plugin = std::string(TRAINER_FIXTURE_DIR) + "/strategies/trainer-strategy-wrong-chunk.so";
   EXPECT_EQ(trainer("check-plugin " + plugin + " --split 8,1,1").exit_code, 0) << "one rank holds every chunk";
   auto result = trainer("check-plugin " + plugin + " --split 4,1,2 --timeout 60");
   EXPECT_EQ(result.exit_code, 1) << result.output;
-  EXPECT_NE(result.output.find("strategy 'wrong-chunk': rank 1's state_slices leave"), std::string::npos)
+  EXPECT_NE(result.output.find("strategy 'wrong-chunk': no rank's state_slices hold elements ["), std::string::npos)
       << result.output;
-  EXPECT_NE(result.output.find("rank r must hold chunk r"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("must cover every element of every group"), std::string::npos) << result.output;
   const std::string dir = scratch_dir("ConformanceWrongChunkRun");
   const std::string recipe = write_file(dir + "/recipe.toml", "[run]\noutput_dir = '" + dir + "/run'\n"
                                         "[model]\nname = 'qwen2'\n[dataset]\nname = 'synthetic'\n"
@@ -154,7 +167,7 @@ TEST(ConformanceNegativeControl, SlicesThatMissTheirChunkFail) {
                                         plugin + "'\n[distributed]\nnproc = 2\n");
   result = trainer("run " + recipe);
   EXPECT_EQ(result.exit_code, 2) << result.output;
-  EXPECT_NE(result.output.find("rank 1's state_slices leave"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("no rank's state_slices hold elements ["), std::string::npos) << result.output;
   EXPECT_FALSE(std::filesystem::exists(dir + "/run/metrics.jsonl") &&
                std::filesystem::file_size(dir + "/run/metrics.jsonl") > 0)
       << "no step ran";

@@ -60,6 +60,33 @@ TEST(NcclComm, CollectivesAtOneRank) {
   comm->barrier();
 }
 
+// Sub-groups at one rank (ncclCommSplit): the new communicator has its own
+// rank and size, works while the parent's collectives are in flight, splits
+// again, and both are destroyed cleanly (child first, then parent).
+TEST(NcclComm, SplitGivesAWorkingSubGroup) {
+  REQUIRE_CUDA();
+  const std::unique_ptr<Comm> comm = nccl_at_one_rank(std::chrono::seconds(30));
+  std::unique_ptr<Comm> group = comm->split(0, 7);
+  EXPECT_EQ(group->rank(), 0);
+  EXPECT_EQ(group->world_size(), 1);
+  const auto on_gpu = torch::TensorOptions().device(kCuda);
+  torch::Tensor a = torch::arange(1 << 20, on_gpu), b = torch::arange(1 << 20, on_gpu) * 2;
+  const torch::Tensor a0 = a.clone(), b0 = b.clone();
+  auto in_parent = comm->all_reduce_sum_async(a);
+  auto in_group = group->all_reduce_sum_async(b);
+  in_group->wait();
+  in_parent->wait();
+  EXPECT_TRUE(torch::equal(a, a0));
+  EXPECT_TRUE(torch::equal(b, b0));
+  std::unique_ptr<Comm> nested = group->split(3, 0);
+  torch::Tensor gathered = torch::zeros({4}, on_gpu);
+  nested->all_gather(torch::arange(4, on_gpu), gathered);
+  EXPECT_TRUE(torch::equal(gathered, torch::arange(4, on_gpu)));
+  nested.reset();
+  group.reset();
+  comm->barrier();
+}
+
 // The watchdog, at one rank: with every collective held back on its stream
 // (TRAINER_FAULT_INJECT=nccl-hang, a peer that never comes), wait() still
 // returns at once (the host does not spin), the communicator is aborted

@@ -91,7 +91,11 @@ TEST(Distributed, CommunicationLatencyChangesNoBits) {
       {"zero2", "zero2 --set strategy.bucket_mb=0.02"},
       {"zero3", "zero3"},
       {"zero3_prefetch2", "zero3 --set strategy.prefetch=2"},
-      {"zero3_no_prefetch", "zero3 --set strategy.prefetch=0"}};
+      {"zero3_no_prefetch", "zero3 --set strategy.prefetch=0"},
+      // Hybrid sharding with every rank a replica: the sums across replica
+      // groups start during the last backward.
+      {"zero2_replicas", "zero2 --set strategy.bucket_mb=0.02 --set strategy.shard_group_size=1"},
+      {"zero3_replicas", "zero3 --set strategy.shard_group_size=1"}};
   std::map<std::string, std::vector<double>> plain_of;
   for (const auto& [name, strategy] : strategies) {
     const std::vector<double> plain = losses("Latency_plain_" + name, base + strategy);

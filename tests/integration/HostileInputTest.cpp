@@ -97,7 +97,7 @@ TEST(HostileInput, PreviousCheckpointFormatStillResumes) {
   ASSERT_NE(at, std::string::npos) << manifest;
   manifest.replace(at, std::string("\"xxh3_128\": \"").size() + 32, std::string("\"fnv1a\": \"") + hex);
   write_file(step + "/manifest.json", manifest);
-  replace_in_file(step + "/manifest.json", "trainer-checkpoint-2", "trainer-checkpoint-1");
+  replace_in_file(step + "/manifest.json", "trainer-checkpoint-3", "trainer-checkpoint-1");
   fs::remove(step + "/manifest.xxh3");
   const CommandResult resumed = run(dir, "--set training.steps=4 --set checkpoint.resume=auto");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;

@@ -34,16 +34,26 @@ std::string weights_hash(const std::string& dir) {
 // `recipe` with `args` under every strategy and split: `trainer compare
 // --rtol 0` agrees on every step's loss and norm, and the final weights'
 // hash is one. Both would differ at the 1e-7 level without the mode.
-void expect_one_result(const std::string& name, const std::string& recipe, const std::string& args) {
+// With `hybrid`, also zero1, zero2 and zero3 at world size 4 in shard
+// groups of 2 (hybrid sharding).
+void expect_one_result(const std::string& name, const std::string& recipe, const std::string& args,
+                       bool hybrid = false) {
   std::vector<std::string> dirs;
+  std::vector<std::pair<std::string, std::string>> runs;  // (name, arguments)
   for (const char* strategy : kStrategies) {
-    for (const Split& split : kSplits) {
-      const std::string dir = scratch_dir(name + "_" + strategy + "_" + split.text());
-      const auto result =
-          trainer("run " + recipe + " --set run.output_dir=" + dir + args + split_args(strategy, split));
-      ASSERT_EQ(result.exit_code, 0) << strategy << " " << split.text() << "\n" << result.output;
-      dirs.push_back(dir);
+    for (const Split& split : kSplits) runs.emplace_back(strategy + ("_" + split.text()), split_args(strategy, split));
+  }
+  for (const char* strategy : {"zero1", "zero2", "zero3"}) {
+    if (hybrid) {
+      runs.emplace_back(strategy + std::string("_1x2x4g2"),
+                        split_args(strategy, {1, 2, 4}) + " --set strategy.shard_group_size=2");
     }
+  }
+  for (const auto& [run, run_args] : runs) {
+    const std::string dir = scratch_dir(name + "_" + run);
+    const auto result = trainer("run " + recipe + " --set run.output_dir=" + dir + args + run_args);
+    ASSERT_EQ(result.exit_code, 0) << run << "\n" << result.output;
+    dirs.push_back(dir);
   }
   std::string all;
   for (const std::string& dir : dirs) all += " " + dir;
@@ -53,7 +63,7 @@ void expect_one_result(const std::string& name, const std::string& recipe, const
 }
 
 TEST(Reproducible, QuickstartIsOneResultForEverySplitAndStrategy) {
-  expect_one_result("ReproQuick", testing::quickstart_recipe(), " --set training.steps=6");
+  expect_one_result("ReproQuick", testing::quickstart_recipe(), " --set training.steps=6", /*hybrid=*/true);
 }
 
 TEST(Reproducible, SeedRecipeIsOneResultForEverySplitAndStrategy) {
@@ -76,17 +86,23 @@ TEST(Reproducible, ResumedUnderAnotherWorldSizeAndStrategyIsTheSameRun) {
     const auto a = trainer("run " + recipe + " --set run.output_dir=" + straight + " --set training.steps=8" + common +
                            split_args("zero1", {2, 4, 1}));
     ASSERT_EQ(a.exit_code, 0) << a.output;
-    const auto b =
-        trainer("run " + recipe + " --set run.output_dir=" + moved +
-                " --set training.steps=4 --set checkpoint.interval=4" + common + split_args("zero3", {1, 2, 4}));
+    // Written by zero3 in shard groups of 2 (hybrid: each shard on two
+    // ranks), read by zero2 with every rank a replica, and by ddp.
+    const auto b = trainer("run " + recipe + " --set run.output_dir=" + moved +
+                           " --set training.steps=4 --set checkpoint.interval=4" + common +
+                           split_args("zero3", {1, 2, 4}) + " --set strategy.shard_group_size=2");
     ASSERT_EQ(b.exit_code, 0) << b.output;
+    const auto b2 = trainer("run " + recipe + " --set run.output_dir=" + moved +
+                            " --set training.steps=6 --set checkpoint.interval=6 --set checkpoint.resume=auto" + common +
+                            split_args("zero2", {4, 1, 2}) + " --set strategy.shard_group_size=1");
+    ASSERT_EQ(b2.exit_code, 0) << b2.output;
     const auto c =
         trainer("run " + recipe + " --set run.output_dir=" + moved +
                 " --set training.steps=8 --set checkpoint.resume=auto" + common + split_args("ddp", {4, 1, 2}));
     ASSERT_EQ(c.exit_code, 0) << c.output;
     // The scales were restored, not measured again: the first step after the
     // resume ran once, as it did in the straight run.
-    const std::string rerun = "step 5: gradient scales set";
+    const std::string rerun = "step 7: gradient scales set";
     EXPECT_EQ(c.output.find(rerun) == std::string::npos, a.output.find(rerun) == std::string::npos) << c.output;
     const auto same = trainer("compare --rtol 0 " + straight + " " + moved);
     EXPECT_EQ(same.exit_code, 0) << precision << "\n" << same.output;

@@ -113,6 +113,49 @@ TEST(Strategies, ZeroMemoryFormulasAtWorldSizeFour) {
   }
 }
 
+// Hybrid sharding at world size 4 in shard groups of 2: each rank holds
+// half of what it shards (the ZeRO formulas with the group's size), the two
+// replicas of every shard end each step with the same bits, and training
+// agrees with ddp's (the sums in another order: ~1e-7).
+TEST(Strategies, HybridShardingHoldsItsGroupsShareAndAgrees) {
+  const std::string common = "--set training.steps=3 --set training.micro_batch_size=1 --set "
+                             "training.grad_accum_steps=2 --nproc 4";
+  const std::string ddp = run("Hybrid_ddp", "configs/quickstart.toml", common + " --set strategy.name=ddp");
+  std::string dirs = " " + ddp;
+  // Padding to a multiple of 2 adds at most 2 x 1 elements per rank.
+  auto half_of = [](double ddp_bytes) { return 1.05 * ddp_bytes / 2 + 2 * 4; };
+  for (const std::string s : {"zero1", "zero2", "zero3"}) {
+    const std::string dir =
+        run("Hybrid_" + s, "configs/quickstart.toml", common + " --set strategy.shard_group_size=2 --set strategy.name=" + s);
+    dirs += " " + dir;
+    const Json summary = Json::parse(read_file(dir + "/summary.json"));
+    const Json& hashes = summary.at("parameter_fnv1a_per_rank");
+    EXPECT_EQ(hashes.at(0), hashes.at(2)) << s << ": ranks 0 and 2 hold one shard";
+    EXPECT_EQ(hashes.at(1), hashes.at(3)) << s << ": ranks 1 and 3 hold one shard";
+    EXPECT_NE(hashes.at(0), hashes.at(1)) << s;
+    for (int rank = 0; rank < 4; ++rank) {
+      const double p = memory_of(ddp, rank, "parameter_bytes");
+      const double g = memory_of(ddp, rank, "gradient_bytes");
+      const double o = memory_of(ddp, rank, "optimizer_bytes");
+      const double sharded = memory_of(dir, rank, "optimizer_bytes") +
+                             (s == "zero1" ? 0 : memory_of(dir, rank, "gradient_bytes")) +
+                             (s == "zero3" ? memory_of(dir, rank, "parameter_bytes") : 0);
+      const double whole = o + (s == "zero1" ? 0 : g) + (s == "zero3" ? p : 0);
+      EXPECT_LE(sharded, half_of(whole)) << s << " rank " << rank;
+      EXPECT_GE(sharded, whole / 2) << s << " rank " << rank << ": half, not a quarter";
+    }
+  }
+  const auto result = trainer("compare --rtol 1e-5" + dirs);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  // A size that does not divide the world is refused, naming the key.
+  const auto refused = trainer("run " + source_path("configs/quickstart.toml") + " --set run.output_dir=" +
+                               scratch_dir("Hybrid_refused") + " " + common +
+                               " --set strategy.name=zero2 --set strategy.shard_group_size=3");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("strategy.shard_group_size = 3: must divide the world size 4"), std::string::npos)
+      << refused.output;
+}
+
 // With buckets smaller than the model, zero2 never holds its full gradient:
 // at most two buckets at once (the largest: one MLP matrix of 64 x 128,
 // larger than the 0.02 MB asked for) plus the group of biases and norms

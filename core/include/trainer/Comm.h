@@ -58,6 +58,15 @@ class Comm : public Component {
   virtual std::unique_ptr<CommWork> reduce_sum_async(torch::Tensor tensor, int root) = 0;
   virtual void barrier() = 0;
 
+  /// Sub-groups. Collective over this group: every rank calls it, with a
+  /// color >= 0; the ranks of one color form a new group, in which they are
+  /// ranked by (key, rank here). The new group is connected when this
+  /// returns; its collectives are independent of this group's (they may be
+  /// in flight at the same time), and it must not outlive this group. The
+  /// default throws TrainingError: a backend without sub-groups serves
+  /// everything but hybrid sharding (gloo and nccl have them).
+  virtual std::unique_ptr<Comm> split(int color, int key);
+
   void all_reduce_sum(torch::Tensor tensor) { all_reduce_sum_async(tensor)->wait(); }
   void reduce_scatter_sum(torch::Tensor input, torch::Tensor output) {
     reduce_scatter_sum_async(input, output)->wait();

@@ -118,12 +118,12 @@ class Strategy : public Component {
   /// The fp32 parameter values this rank updates (all, or its shard).
   virtual std::vector<FlatSlice> parameter_slices() const = 0;
   /// Views of the state this rank updates, padding excluded. Checkpoints are
-  /// written from them and loaded into them: rank r writes the canonical
-  /// chunk r of ceil(n / world) elements of every group, so the slices of
-  /// rank r must cover that chunk (every strategy that shards contiguously
-  /// by rank does), and together over all ranks they cover every element.
-  /// The core checks this (and parameter_slices) right after setup and
-  /// stops the run, naming the rank and group, where it does not hold.
+  /// written from them and loaded into them. Together over all ranks they
+  /// cover every element of every group; ranks may hold the same elements
+  /// (replicas, which must hold the same values): each element is written
+  /// once, by one of its holders, and loaded into all of them. The core
+  /// checks this (and parameter_slices) right after setup and stops the
+  /// run, naming the elements, where it does not hold.
   virtual std::vector<StateSlice> state_slices() = 0;
   /// Called on every rank after the caller wrote into state_slices(): the
   /// strategy refreshes what derives from them (full parameters, bf16 copies).

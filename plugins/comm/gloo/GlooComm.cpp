@@ -3,6 +3,8 @@
 // composed from an all-reduce (see reduce_scatter_sum_async). Gloo sums no
 // bf16 or fp16: such tensors are summed as fp32 copies and rounded back
 // once (the bytes of fp32 on the wire, a sum at least as exact as a bf16 one).
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -44,18 +46,27 @@ class GlooComm final : public Comm {
  public:
   void connect(const CommSetup& setup) override {
     if (setup.device.is_cuda()) throw InputError("comm 'gloo' runs on CPU tensors: use backend 'nccl' for CUDA");
-    rank_ = setup.rank;
-    world_size_ = setup.world_size;
-    timeout_ = setup.timeout;
-    auto options = c10d::ProcessGroupGloo::Options::create(setup.timeout);
-    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    try {
-      group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          c10::make_intrusive<c10d::PrefixStore>("gloo", setup.store), rank_, world_size_, options);
-    } catch (const std::exception& error) {
-      throw TrainingError(fmt::format("rank {}: gloo cannot connect to its {} peers: {}", rank_, world_size_ - 1,
-                                      error.what()));
+    join(c10::make_intrusive<c10d::PrefixStore>("gloo", setup.store), setup.rank, setup.world_size, setup.timeout);
+  }
+
+  // Every rank learns every rank's (color, key) through an all-gather here;
+  // each new group meets under its own prefix of this group's store.
+  std::unique_ptr<Comm> split(int color, int key) override {
+    if (color < 0) throw std::invalid_argument("gloo split: colors are >= 0");
+    torch::Tensor mine = torch::tensor({int64_t{color}, int64_t{key}}, torch::kInt64);
+    torch::Tensor all = torch::empty({2 * world_size_}, torch::kInt64);
+    all_gather(mine, all);
+    std::vector<std::pair<int64_t, int>> members;  // (key, rank here) of this color
+    for (int r = 0; r < world_size_; ++r) {
+      if (all[2 * r].item<int64_t>() == color) members.emplace_back(all[2 * r + 1].item<int64_t>(), r);
     }
+    std::sort(members.begin(), members.end());
+    const int rank = static_cast<int>(std::find(members.begin(), members.end(), std::make_pair(int64_t{key}, rank_)) -
+                                      members.begin());
+    auto group = std::make_unique<GlooComm>();
+    group->join(c10::make_intrusive<c10d::PrefixStore>(fmt::format("split{}/color{}", splits_++, color), store_),
+                rank, static_cast<int>(members.size()), timeout_);
+    return group;
   }
 
   int rank() const override { return rank_; }
@@ -134,7 +145,26 @@ class GlooComm final : public Comm {
     }
   }
 
+  // `store`: this group's own namespace in the job's store.
+  void join(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, std::chrono::milliseconds timeout) {
+    store_ = std::move(store);
+    rank_ = rank;
+    world_size_ = world_size;
+    timeout_ = timeout;
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    try {
+      group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("group", store_),
+                                                           rank_, world_size_, options);
+    } catch (const std::exception& error) {
+      throw TrainingError(fmt::format("rank {}: gloo cannot connect to its {} peers: {}", rank_, world_size_ - 1,
+                                      error.what()));
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  int splits_ = 0;  // split() calls so far: each new group's store prefix
   int rank_ = 0;
   int world_size_ = 1;
   std::chrono::milliseconds timeout_{300000};

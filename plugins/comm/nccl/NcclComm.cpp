@@ -5,7 +5,8 @@
 // watchdog thread owns the job's timeout: a collective unfinished after
 // distributed.timeout_s, or an asynchronous NCCL error, aborts the
 // communicator once, and the next call of this rank fails naming the
-// collective; an aborted communicator is never destroyed again.
+// collective; an aborted communicator is never destroyed again. Sub-groups
+// (split) are NCCL's own (ncclCommSplit), each with its stream and watchdog.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -195,10 +196,26 @@ class NcclComm final : public Comm {
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
     check_nccl(ncclCommInitRank(&comm_, world_size_, id, rank_), "communicator init");
-    stream_ = at::cuda::getStreamFromPool(/*isHighPriority=*/true, device_.index());
-    const char* fault = std::getenv("TRAINER_FAULT_INJECT");
-    inject_hang_ = fault && std::string(fault) == "nccl-hang";
-    watchdog_ = std::make_unique<Watchdog>(comm_, timeout_, rank_, device_.index());
+    start();
+  }
+
+  // ncclCommSplit: NCCL exchanges the colors and keys itself. The new
+  // communicator gets its own stream and watchdog.
+  std::unique_ptr<Comm> split(int color, int key) override {
+    if (color < 0) throw std::invalid_argument("nccl split: colors are >= 0");
+    auto group = std::make_unique<NcclComm>();
+    group->timeout_ = timeout_;
+    group->device_ = device_;
+    {
+      c10::cuda::CUDAGuard guard(device_);
+      std::lock_guard<std::mutex> lock(watchdog_->launch_mutex());
+      watchdog_->check();
+      check_nccl(ncclCommSplit(comm_, color, key, &group->comm_, nullptr), "communicator split");
+    }
+    check_nccl(ncclCommUserRank(group->comm_, &group->rank_), "communicator rank");
+    check_nccl(ncclCommCount(group->comm_, &group->world_size_), "communicator size");
+    group->start();
+    return group;
   }
 
   int rank() const override { return rank_; }
@@ -270,6 +287,14 @@ class NcclComm final : public Comm {
     work->started = std::chrono::steady_clock::now();
     watchdog_->watch(work);
     return std::make_unique<NcclWork>(std::move(work), *watchdog_, std::move(tensors));
+  }
+
+  // After comm_ exists: the stream, the fault injection and the watchdog.
+  void start() {
+    stream_ = at::cuda::getStreamFromPool(/*isHighPriority=*/true, device_.index());
+    const char* fault = std::getenv("TRAINER_FAULT_INJECT");
+    inject_hang_ = fault && std::string(fault) == "nccl-hang";
+    watchdog_ = std::make_unique<Watchdog>(comm_, timeout_, rank_, device_.index());
   }
 
   void check_sizes(const torch::Tensor& whole, const torch::Tensor& part, const char* what) const {

@@ -8,6 +8,9 @@
 // Each rank updates its shard of the flat fp32 parameters with the core's
 // AdamW, then the shards are all-gathered back into the full parameters.
 // At world size 1 the shard is the whole buffer and the arithmetic is ddp's.
+// With shard_group_size = s < world (hybrid sharding) "world" above reads
+// s: the reduce-scatter and all-gather run within each group of s ranks,
+// and the reduced shard is summed over the groups (ShardGroups).
 #include "trainer/FlatParameters.h"
 #include "trainer/ShardedAdamW.h"
 #include "trainer/Strategy.h"
@@ -19,19 +22,21 @@ using namespace trainer;
 class Zero1Strategy final : public Strategy {
  public:
   explicit Zero1Strategy(const Options& options)
-      : reduce_dtype_(options.text("reduce_dtype") == "bf16" ? torch::kBFloat16 : torch::kFloat32) {}
+      : reduce_dtype_(options.text("reduce_dtype") == "bf16" ? torch::kBFloat16 : torch::kFloat32),
+        shard_group_size_(options.integer("shard_group_size")) {}
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
-    comm_ = &comm;
+    groups_of_ = ShardGroups(comm, shard_group_size_, "zero1");
+    comm_ = &groups_of_.shard();
     adamw_ = env.adamw;
-    groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/comm.world_size(), torch::kFloat32,
+    groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/comm_->world_size(), torch::kFloat32,
                                  env.compute_dtype);
     for (ParameterGroup& group : groups_) {
       // The full fp32 gradient buffer autograd adds into (bf16 gradients widened exactly).
       grads_.push_back(torch::zeros_like(group.values));
       bind_gradients(group, grads_.back());
     }
-    optimizer_ = ShardedAdamW::viewing(groups_, comm);
+    optimizer_ = ShardedAdamW::viewing(groups_, *comm_);
   }
 
   void backward(const torch::Tensor& loss, const MicroStep&) override { loss.backward(); }
@@ -42,9 +47,11 @@ class Zero1Strategy final : public Strategy {
       torch::Tensor& shard = optimizer_.groups()[g].gradient;
       if (reduce_dtype_ == torch::kFloat32) {
         comm_->reduce_scatter_sum(grads_[g], shard);
+        groups_of_.sum_over_replicas(shard);
       } else {
         torch::Tensor out = torch::empty_like(shard, reduce_dtype_);
         comm_->reduce_scatter_sum(grads_[g].to(reduce_dtype_), out);
+        groups_of_.sum_over_replicas(out);
         shard.copy_(out);
       }
     }
@@ -82,7 +89,9 @@ class Zero1Strategy final : public Strategy {
 
  private:
   torch::Dtype reduce_dtype_;
-  Comm* comm_ = nullptr;
+  int64_t shard_group_size_;
+  ShardGroups groups_of_;
+  Comm* comm_ = nullptr;  // the shard group
   AdamWConfig adamw_;
   std::vector<ParameterGroup> groups_;
   std::vector<torch::Tensor> grads_;
@@ -92,6 +101,7 @@ class Zero1Strategy final : public Strategy {
 constexpr KeySpec kKeys[] = {
     {"reduce_dtype", ValueType::String, "'fp32'", "dtype of the gradient reduce-scatter", -kNoLimit, kNoLimit,
      "fp32|bf16"},
+    kShardGroupSizeKey,
 };
 
 Component* create(const Options& options, const Context&) { return new Zero1Strategy(options); }

@@ -11,6 +11,12 @@
 // once they are final it is reduced to the ranks whose shards hold it and
 // *added* into their accumulators (StreamedGradients). The accumulator is
 // zeroed only after the update (or a discarded step).
+//
+// With shard_group_size = s < world (hybrid sharding) "world" above reads
+// s: buckets are reduced within each group of s ranks every micro-step; in
+// the step's last backward, as soon as a bucket's part of the shard is
+// final, its sum over the groups starts (fp32, ShardGroups), so it runs
+// behind the rest of backward. The parameters are gathered within the group.
 #include <algorithm>
 #include <memory>
 
@@ -27,27 +33,40 @@ class Zero2Strategy final : public Strategy {
  public:
   explicit Zero2Strategy(const Options& options)
       : reduce_dtype_(options.text("reduce_dtype") == "bf16" ? torch::kBFloat16 : torch::kFloat32),
-        bucket_numel_(std::max<int64_t>(1, static_cast<int64_t>(options.real("bucket_mb") * 1024 * 1024 / 4))) {}
+        bucket_numel_(std::max<int64_t>(1, static_cast<int64_t>(options.real("bucket_mb") * 1024 * 1024 / 4))),
+        shard_group_size_(options.integer("shard_group_size")) {}
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
-    comm_ = &comm;
+    groups_of_ = ShardGroups(comm, shard_group_size_, "zero2");
+    comm_ = &groups_of_.shard();
     adamw_ = env.adamw;
-    groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/comm.world_size(), torch::kFloat32,
+    groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/comm_->world_size(), torch::kFloat32,
                                  env.compute_dtype);
-    optimizer_ = ShardedAdamW::viewing(groups_, comm);
+    optimizer_ = ShardedAdamW::viewing(groups_, *comm_);
     gradients_ = std::make_unique<StreamedGradients>(
         groups_, bucket_numel_, [this](const GradientBucket& bucket, const torch::Tensor& buffer) {
           // Reduced in reduce_dtype (fp32 by default), then added into the fp32 accumulator.
           const torch::Tensor sent = reduce_dtype_ == torch::kFloat32 ? buffer : buffer.to(reduce_dtype_);
           auto reduction = std::make_shared<ShardReduction>(
               optimizer_.reduce_to_owners(*comm_, bucket.group, bucket.begin, sent));
-          return [reduction] { reduction->finish(); };
+          return [this, reduction] {
+            const torch::Tensor added = reduction->finish();
+            // Hybrid: in the step's last backward this part of the shard is
+            // final, so its sum over the replica groups starts at once.
+            if (last_micro_ && added.defined()) groups_of_.start_sum_over_replicas(added);
+          };
         });
   }
 
-  void backward(const torch::Tensor& loss, const MicroStep&) override { gradients_->backward(loss); }
+  void backward(const torch::Tensor& loss, const MicroStep& micro) override {
+    last_micro_ = micro.is_last;
+    gradients_->backward(loss);
+  }
 
-  double reduce_gradients_and_norm() override { return optimizer_.gradient_norm(*comm_); }
+  double reduce_gradients_and_norm() override {
+    groups_of_.finish_sums_over_replicas();
+    return optimizer_.gradient_norm(*comm_);
+  }
 
   void apply_update(const UpdateArgs& args) override {
     optimizer_.update(adamw_, args);
@@ -78,7 +97,10 @@ class Zero2Strategy final : public Strategy {
  private:
   torch::Dtype reduce_dtype_;
   int64_t bucket_numel_;
-  Comm* comm_ = nullptr;
+  int64_t shard_group_size_;
+  ShardGroups groups_of_;
+  bool last_micro_ = false;
+  Comm* comm_ = nullptr;  // the shard group
   AdamWConfig adamw_;
   std::vector<ParameterGroup> groups_;
   ShardedAdamW optimizer_;
@@ -88,6 +110,7 @@ class Zero2Strategy final : public Strategy {
 constexpr KeySpec kKeys[] = {
     {"reduce_dtype", ValueType::String, "'fp32'", "dtype of each bucket's reduce", -kNoLimit, kNoLimit, "fp32|bf16"},
     {"bucket_mb", ValueType::Float, "25.0", "full-gradient bytes per bucket (whole parameters)", 1e-6, 1e6},
+    kShardGroupSizeKey,
 };
 
 Component* create(const Options& options, const Context&) { return new Zero2Strategy(options); }

@@ -25,6 +25,12 @@
 // (flatten_parameters), so at world size 1 the arithmetic is ddp's. A unit
 // covers one contiguous range of each group; the slice of that range each
 // rank holds can differ in length, so collectives pad it to the longest.
+//
+// With shard_group_size = s < world (hybrid sharding) "world" above reads
+// s: units are gathered and their gradients reduce-scattered within each
+// group of s ranks; in the step's last backward each unit's piece of the
+// shard, once final, is summed over the groups (fp32, ShardGroups) while
+// the units before it compute.
 #include <cmath>
 #include <mutex>
 
@@ -98,10 +104,12 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
  public:
   explicit Zero3Strategy(const Options& options)
       : reduce_dtype_(options.text("reduce_dtype") == "bf16" ? torch::kBFloat16 : torch::kFloat32),
-        prefetch_(options.integer("prefetch")) {}
+        prefetch_(options.integer("prefetch")),
+        shard_group_size_(options.integer("shard_group_size")) {}
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
-    comm_ = &comm;
+    groups_of_ = ShardGroups(comm, shard_group_size_, "zero3");
+    comm_ = &groups_of_.shard();
     compute_dtype_ = env.compute_dtype;
     adamw_ = env.adamw;
     model_ = &model;
@@ -110,10 +118,10 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     if (declared.empty()) {
       throw InputError("strategy 'zero3' needs a model that declares its units (Model::units); this one declares none");
     }
-    std::vector<ParameterGroup> layout = flatten_parameters(params, env.device, comm.world_size());
+    std::vector<ParameterGroup> layout = flatten_parameters(params, env.device, comm_->world_size());
     for (ParameterGroup& group : layout) {
       // The shard's fp32 master values live only here: the full buffer goes.
-      const Shard shard = shard_of(group.padded_numel, comm.rank(), comm.world_size());
+      const Shard shard = shard_of(group.padded_numel, comm_->rank(), comm_->world_size());
       optimizer_.add_group(shard, unpadded(group, shard), group.decay,
                            group.values.narrow(0, shard.offset, shard.numel).clone());
     }
@@ -139,7 +147,8 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     return out;
   }
 
-  void backward(const torch::Tensor& loss, const MicroStep&) override {
+  void backward(const torch::Tensor& loss, const MicroStep& micro) override {
+    last_micro_ = micro.is_last;
     in_backward_pass_ = true;
     loss.backward();
     in_backward_pass_ = false;
@@ -180,7 +189,10 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     return output;
   }
 
-  double reduce_gradients_and_norm() override { return optimizer_.gradient_norm(*comm_); }
+  double reduce_gradients_and_norm() override {
+    groups_of_.finish_sums_over_replicas();
+    return optimizer_.gradient_norm(*comm_);
+  }
 
   void apply_update(const UpdateArgs& args) override {
     optimizer_.update(adamw_, args);
@@ -374,7 +386,9 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
       UnitRange& r = unit.ranges[k];
       OptimizerShard& s = optimizer_.groups()[r.group];
       if (world == 1 && reduce_dtype_ == torch::kFloat32) {  // a reduce-scatter over one rank adds the whole range
-        s.gradient.narrow(0, r.begin - s.shard.offset, r.grads.numel()).add_(r.grads);
+        torch::Tensor range = s.gradient.narrow(0, r.begin - s.shard.offset, r.grads.numel());
+        range.add_(r.grads);
+        if (last_micro_) groups_of_.start_sum_over_replicas(range);
         r.grads = torch::Tensor();
         continue;
       }
@@ -410,17 +424,24 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
       OptimizerShard& s = optimizer_.groups()[r.group];
       const Piece& mine = r.pieces[comm_->rank()];
       if (mine.size() > 0) {
-        s.gradient.narrow(0, mine.begin - s.shard.offset, mine.size()).add_(received.narrow(0, 0, mine.size()));
+        torch::Tensor range = s.gradient.narrow(0, mine.begin - s.shard.offset, mine.size());
+        range.add_(received.narrow(0, 0, mine.size()));
+        // Hybrid: in the step's last backward this piece is final; its sum
+        // over the replica groups runs behind the rest of backward.
+        if (last_micro_) groups_of_.start_sum_over_replicas(range);
       }
     }
   }
 
   torch::Dtype reduce_dtype_;
   int64_t prefetch_;
+  int64_t shard_group_size_;
+  ShardGroups groups_of_;
+  bool last_micro_ = false;
   std::unique_ptr<PendingReduction> reduction_;
   bool in_backward_pass_ = false;
   torch::Dtype compute_dtype_ = torch::kFloat32;
-  Comm* comm_ = nullptr;
+  Comm* comm_ = nullptr;  // the shard group
   Model* model_ = nullptr;
   AdamWConfig adamw_;
   ShardedAdamW optimizer_;
@@ -439,6 +460,7 @@ constexpr KeySpec kKeys[] = {
      "units whose all-gather is in flight while a unit computes (the next in forward, the previous in backward); "
      "0: gather each unit when it starts",
      0, 64},
+    kShardGroupSizeKey,
 };
 
 Component* create(const Options& options, const Context&) { return new Zero3Strategy(options); }
