@@ -79,9 +79,10 @@ TEST(NcclComm, SplitGivesAWorkingSubGroup) {
   EXPECT_TRUE(torch::equal(a, a0));
   EXPECT_TRUE(torch::equal(b, b0));
   std::unique_ptr<Comm> nested = group->split(3, 0);
-  torch::Tensor gathered = torch::zeros({4}, on_gpu);
-  nested->all_gather(torch::arange(4, on_gpu), gathered);
-  EXPECT_TRUE(torch::equal(gathered, torch::arange(4, on_gpu)));
+  const torch::Tensor four = torch::arange(4, on_gpu.dtype(torch::kFloat32));
+  torch::Tensor gathered = torch::zeros({4}, on_gpu.dtype(torch::kFloat32));
+  nested->all_gather(four, gathered);
+  EXPECT_TRUE(torch::equal(gathered, four));
   nested.reset();
   group.reset();
   comm->barrier();
