@@ -28,7 +28,13 @@ export ASAN_OPTIONS="detect_container_overflow=0:detect_leaks=1:abort_on_error=1
 export LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 cd build-asan
-# Reproducible mode's three 24-run grids are left to scripts/test.sh: under
-# the sanitizers each takes longer than a test may, and their code paths run
-# here through the mode's other tests, its unit tests and the kit.
-ctest --output-on-failure -j "${TRAINER_TEST_JOBS:-2}" -LE gpu -E 'Reproducible\..*ForEverySplitAndStrategy' "$@"
+# Left to scripts/test.sh, where they run unsanitized: reproducible mode's
+# three 24-run grids (under the sanitizers each takes longer than a test
+# may; their code paths run here through the mode's other tests, its unit
+# tests and the kit), the 16-run strategy matrix (the kit covers the same
+# strategies and splits here) and the chaos test's 20 kills and resumes
+# (checkpoint writing, crashes and resumes run here in Checkpoint.* and
+# Faults.*): an estimated six minutes of the sanitized run on two cores.
+skip='Reproducible\..*ForEverySplitAndStrategy|Strategies\.AllStrategiesAndSplitsOfOneGlobalBatchAgree'
+skip="$skip|Faults\.ChaosKillsAndResumesEndBitIdentical"
+ctest --output-on-failure -j "${TRAINER_TEST_JOBS:-2}" -LE gpu -E "$skip" "$@"

@@ -344,9 +344,8 @@ std::vector<torch::Tensor> checkpoint_state(const std::string& dir, const char* 
   std::vector<torch::Tensor> out;
   for (const Json& n : member(manifest, "group_numel", file)) out.push_back(torch::zeros({n.get<int64_t>()}));
   for (size_t r = 0; r < ranges.size(); ++r) {
-    const SafetensorsReader reader((fs::path(dir) / member(member(manifest, "files", file)[r], "name", file)
-                                                        .get<std::string>())
-                                       .string());
+    const SafetensorsReader reader(
+        (fs::path(dir) / member(member(manifest, "files", file)[r], "name", file).get<std::string>()).string());
     for (size_t g = 0; g < out.size(); ++g) {
       const torch::Tensor held = read_group(reader, g, name, ranges[r]);
       int64_t at = 0;
@@ -423,7 +422,8 @@ TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, 
           int64_t begin = 0, end = 0;
           if (overlap(s, target.numel(), range, &begin, &end)) {
             if (!held.defined()) held = read_group(*readers[r], s.group, kStateNames[k], ranges[r]);
-            target.narrow(0, begin - s.offset, end - begin).copy_(held.narrow(0, at + begin - range.begin, end - begin));
+            target.narrow(0, begin - s.offset, end - begin)
+                .copy_(held.narrow(0, at + begin - range.begin, end - begin));
           }
           if (range.group == s.group) at += range.size();
         }

@@ -368,8 +368,8 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
   auto train_steps = [&](const LoadedPlugin& which, Reference* ref, std::vector<torch::Tensor>* min_ratio) {
     Trained t;
     t.model = make_model(registry);
-    t.strategy = PluginRegistry::create<Strategy>(which, plugin_options(which, &which == &plugin ? split.options() : ""),
-                                                  context);
+    t.strategy = PluginRegistry::create<Strategy>(
+        which, plugin_options(which, &which == &plugin ? split.options() : ""), context);
     t.strategy->setup(*t.model, *comm, StrategyEnv{device, adamw});
     for (int step = 0; step < kSteps; ++step) {
       const Fixture f = fixture(step);
@@ -498,11 +498,10 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
       std::vector<std::string> args = {executable};
       for (const std::string& plugin_dir : request.plugin_dirs) args.insert(args.end(), {"--plugin-dir", plugin_dir});
       args.insert(args.end(), {"check-plugin", request.strategy, "--split",
-                               split.shard_group > 0
-                                   ? fmt::format("{},{},{},{}", split.micro, split.accum, split.world, split.shard_group)
-                                   : fmt::format("{},{},{}", split.micro, split.accum, split.world),
-                               "--device",
-                               request.device, "--backend", request.backend, "--timeout",
+                               split.shard_group > 0 ? fmt::format("{},{},{},{}", split.micro, split.accum, split.world,
+                                                                   split.shard_group)
+                                                     : fmt::format("{},{},{}", split.micro, split.accum, split.world),
+                               "--device", request.device, "--backend", request.backend, "--timeout",
                                fmt::format("{}", request.timeout_s), "--rank-report", dir.string()});
       if (!previous_checkpoint.empty()) args.insert(args.end(), {"--load-checkpoint", previous_checkpoint});
       std::vector<char*> argv;

@@ -212,13 +212,14 @@ void validate(const Json& manifest, const fs::path& file) {
           range[0].get<int64_t>() >= static_cast<int64_t>(declared.size()) || range[1].get<int64_t>() < 0 ||
           range[2].get<int64_t>() <= range[1].get<int64_t>() ||
           range[2].get<int64_t>() > declared[range[0].get<size_t>()]) {
-        throw InputError(fmt::format("{}: file {}'s 'ranges' must hold [group, begin, end] with 0 <= begin < end <= "
-                                     "the group's elements, got {}",
-                                     file.string(), r, range.dump()));
+        throw InputError(
+            fmt::format("{}: file {}'s 'ranges' must hold [group, begin, end] with 0 <= begin < end <= "
+                        "the group's elements, got {}",
+                        file.string(), r, range.dump()));
       }
       const Range next{range[0].get<size_t>(), range[1].get<int64_t>(), range[2].get<int64_t>()};
-      if (!held.back().empty() && std::tie(next.group, next.begin) < std::tie(held.back().back().group,
-                                                                               held.back().back().end)) {
+      if (!held.back().empty() &&
+          std::tie(next.group, next.begin) < std::tie(held.back().back().group, held.back().back().end)) {
         throw InputError(fmt::format("{}: file {}'s 'ranges' must be ascending and disjoint", file.string(), r));
       }
       held.back().push_back(next);
@@ -289,8 +290,7 @@ Json read(const fs::path& dir) {
   }
   const Json* format = json_find(manifest, "format");
   if (!format || (*format != kFormat && *format != kFormat2 && *format != kFormat1)) {
-    throw InputError(
-        fmt::format("{}: not a {} (or {}, {}) manifest", file.string(), kFormat, kFormat2, kFormat1));
+    throw InputError(fmt::format("{}: not a {} (or {}, {}) manifest", file.string(), kFormat, kFormat2, kFormat1));
   }
   validate(manifest, file);
   return manifest;

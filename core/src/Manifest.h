@@ -28,9 +28,7 @@ struct Range {
   size_t group = 0;
   int64_t begin = 0, end = 0;
   int64_t size() const { return end - begin; }
-  bool operator==(const Range& other) const {
-    return group == other.group && begin == other.begin && end == other.end;
-  }
+  bool operator==(const Range& other) const { return group == other.group && begin == other.begin && end == other.end; }
 };
 
 /// Formats 1 and 2: rank r's chunk of a group of n elements, the r-th of

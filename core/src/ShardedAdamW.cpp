@@ -12,8 +12,8 @@ ShardGroups::ShardGroups(Comm& world, int64_t size, const std::string& strategy)
   const int ranks = world.world_size();
   if (size == 0) size = ranks;
   if (size < 1 || ranks % size != 0) {
-    throw InputError(fmt::format("strategy.shard_group_size = {}: must divide the world size {} (strategy '{}')",
-                                 size, ranks, strategy));
+    throw InputError(fmt::format("strategy.shard_group_size = {}: must divide the world size {} (strategy '{}')", size,
+                                 ranks, strategy));
   }
   const int s = static_cast<int>(size), rank = world.rank();
   const auto own = [this](std::unique_ptr<Comm> comm) {

@@ -116,8 +116,10 @@ int main(int argc, char** argv) {
   CLI::App* check_plugin_cmd =
       app.add_subcommand("check-plugin", "run the conformance kit (the accumulation contract) on a strategy plugin");
   check_plugin_cmd->add_option("strategy", check.strategy, "strategy plugin name or .so path")->required();
-  check_plugin_cmd->add_option("--split", split_texts, "micro,accum,world with product 8, or micro,accum,world,shard_group_size (repeatable; default: six splits, "
-                               "and two hybrid ones for a strategy with shard_group_size)");
+  check_plugin_cmd->add_option(
+      "--split", split_texts,
+      "micro,accum,world with product 8, or micro,accum,world,shard_group_size (repeatable; default: six splits, "
+      "and two hybrid ones for a strategy with shard_group_size)");
   check_plugin_cmd->add_option("--device", check.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   check_plugin_cmd->add_option("--backend", check.backend, "comm plugin for world size > 1");
   check_plugin_cmd->add_flag("--backend-at-one-rank", check.backend_at_one_rank,

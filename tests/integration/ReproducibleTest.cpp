@@ -93,8 +93,8 @@ TEST(Reproducible, ResumedUnderAnotherWorldSizeAndStrategyIsTheSameRun) {
                            split_args("zero3", {1, 2, 4}) + " --set strategy.shard_group_size=2");
     ASSERT_EQ(b.exit_code, 0) << b.output;
     const auto b2 = trainer("run " + recipe + " --set run.output_dir=" + moved +
-                            " --set training.steps=6 --set checkpoint.interval=6 --set checkpoint.resume=auto" + common +
-                            split_args("zero2", {4, 1, 2}) + " --set strategy.shard_group_size=1");
+                            " --set training.steps=6 --set checkpoint.interval=6 --set checkpoint.resume=auto" +
+                            common + split_args("zero2", {4, 1, 2}) + " --set strategy.shard_group_size=1");
     ASSERT_EQ(b2.exit_code, 0) << b2.output;
     const auto c =
         trainer("run " + recipe + " --set run.output_dir=" + moved +

@@ -118,15 +118,16 @@ TEST(Strategies, ZeroMemoryFormulasAtWorldSizeFour) {
 // replicas of every shard end each step with the same bits, and training
 // agrees with ddp's (the sums in another order: ~1e-7).
 TEST(Strategies, HybridShardingHoldsItsGroupsShareAndAgrees) {
-  const std::string common = "--set training.steps=3 --set training.micro_batch_size=1 --set "
-                             "training.grad_accum_steps=2 --nproc 4";
+  const std::string common =
+      "--set training.steps=3 --set training.micro_batch_size=1 --set "
+      "training.grad_accum_steps=2 --nproc 4";
   const std::string ddp = run("Hybrid_ddp", "configs/quickstart.toml", common + " --set strategy.name=ddp");
   std::string dirs = " " + ddp;
   // Padding to a multiple of 2 adds at most 2 x 1 elements per rank.
   auto half_of = [](double ddp_bytes) { return 1.05 * ddp_bytes / 2 + 2 * 4; };
   for (const std::string s : {"zero1", "zero2", "zero3"}) {
-    const std::string dir =
-        run("Hybrid_" + s, "configs/quickstart.toml", common + " --set strategy.shard_group_size=2 --set strategy.name=" + s);
+    const std::string dir = run("Hybrid_" + s, "configs/quickstart.toml",
+                                common + " --set strategy.shard_group_size=2 --set strategy.name=" + s);
     dirs += " " + dir;
     const Json summary = Json::parse(read_file(dir + "/summary.json"));
     const Json& hashes = summary.at("parameter_fnv1a_per_rank");
@@ -148,8 +149,8 @@ TEST(Strategies, HybridShardingHoldsItsGroupsShareAndAgrees) {
   const auto result = trainer("compare --rtol 1e-5" + dirs);
   EXPECT_EQ(result.exit_code, 0) << result.output;
   // A size that does not divide the world is refused, naming the key.
-  const auto refused = trainer("run " + source_path("configs/quickstart.toml") + " --set run.output_dir=" +
-                               scratch_dir("Hybrid_refused") + " " + common +
+  const auto refused = trainer("run " + source_path("configs/quickstart.toml") +
+                               " --set run.output_dir=" + scratch_dir("Hybrid_refused") + " " + common +
                                " --set strategy.name=zero2 --set strategy.shard_group_size=3");
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_NE(refused.output.find("strategy.shard_group_size = 3: must divide the world size 4"), std::string::npos)

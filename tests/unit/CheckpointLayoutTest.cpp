@@ -70,18 +70,18 @@ TEST(CheckpointLayout, OverlapsSplitOnceAndGapsAreReported) {
 }
 
 Json manifest_with(const Json& ranges0, const Json& ranges1) {
-  return Json{{"format", kFormat},
-              {"step", 2},
-              {"applied_updates", 2},
-              {"world_size", 2},
-              {"strategy", "zero1"},
-              {"fingerprint", "f"},
-              {"group_numel", Json::array({6})},
-              {"parameters", Json::array({Json{{"name", "w"}, {"numel", 6}, {"shape", {6}}, {"decay", true}}})},
-              {"files", Json::array({Json{{"name", "rank-00000.safetensors"}, {"xxh3_128", "0"}, {"bytes", 1},
-                                          {"ranges", ranges0}},
-                                     Json{{"name", "rank-00001.safetensors"}, {"xxh3_128", "0"}, {"bytes", 1},
-                                          {"ranges", ranges1}}})}};
+  return Json{
+      {"format", kFormat},
+      {"step", 2},
+      {"applied_updates", 2},
+      {"world_size", 2},
+      {"strategy", "zero1"},
+      {"fingerprint", "f"},
+      {"group_numel", Json::array({6})},
+      {"parameters", Json::array({Json{{"name", "w"}, {"numel", 6}, {"shape", {6}}, {"decay", true}}})},
+      {"files",
+       Json::array({Json{{"name", "rank-00000.safetensors"}, {"xxh3_128", "0"}, {"bytes", 1}, {"ranges", ranges0}},
+                    Json{{"name", "rank-00001.safetensors"}, {"xxh3_128", "0"}, {"bytes", 1}, {"ranges", ranges1}}})}};
 }
 
 std::string refusal(const Json& manifest) {

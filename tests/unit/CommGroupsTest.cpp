@@ -71,7 +71,8 @@ TEST(CommGroups, GlooSplitsIntoGroupsRankedByKey) {
     out.push_back(gathered[0].item<double>());
     out.push_back(gathered[1].item<double>());
     // rank r of the group gets the sum of every member's r-th element.
-    torch::Tensor input = torch::tensor({1.0 * rank, 10.0 * rank}, torch::kFloat64), part = torch::empty({1}, torch::kFloat64);
+    torch::Tensor input = torch::tensor({1.0 * rank, 10.0 * rank}, torch::kFloat64),
+                  part = torch::empty({1}, torch::kFloat64);
     group->reduce_scatter_sum(input, part);
     out.push_back(part[0].item<double>());
     torch::Tensor shared = torch::full({1}, static_cast<double>(rank), torch::kFloat64);
@@ -104,9 +105,9 @@ TEST(CommGroups, ShardGroupsShardWithinAndSumAcross) {
       const ShardGroups groups(world, size, "zero2");
       torch::Tensor t = torch::full({1}, static_cast<double>(1 << rank), torch::kFloat64);
       groups.sum_over_replicas(t);
-      seen[rank].insert(seen[rank].end(), {static_cast<double>(groups.shard().rank()),
-                                          static_cast<double>(groups.shard().world_size()),
-                                          static_cast<double>(groups.replicas().world_size()), t[0].item<double>()});
+      seen[rank].insert(seen[rank].end(),
+                        {static_cast<double>(groups.shard().rank()), static_cast<double>(groups.shard().world_size()),
+                         static_cast<double>(groups.replicas().world_size()), t[0].item<double>()});
     }
   });
   for (int r = 0; r < kWorld; ++r) ASSERT_EQ(failures[r], "") << "rank " << r;

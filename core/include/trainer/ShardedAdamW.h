@@ -59,8 +59,11 @@ class ShardGroups {
 
 /// The recipe key every sharded strategy declares for ShardGroups.
 inline constexpr KeySpec kShardGroupSizeKey{
-    "shard_group_size", ValueType::Int, "0",
-    "ranks that split the state among themselves (hybrid sharding: replicated across such groups); 0: all", 0,
+    "shard_group_size",
+    ValueType::Int,
+    "0",
+    "ranks that split the state among themselves (hybrid sharding: replicated across such groups); 0: all",
+    0,
     1 << 20};
 
 /// One group's shard on this rank.

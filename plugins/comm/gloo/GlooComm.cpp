@@ -64,8 +64,8 @@ class GlooComm final : public Comm {
     const int rank = static_cast<int>(std::find(members.begin(), members.end(), std::make_pair(int64_t{key}, rank_)) -
                                       members.begin());
     auto group = std::make_unique<GlooComm>();
-    group->join(c10::make_intrusive<c10d::PrefixStore>(fmt::format("split{}/color{}", splits_++, color), store_),
-                rank, static_cast<int>(members.size()), timeout_);
+    group->join(c10::make_intrusive<c10d::PrefixStore>(fmt::format("split{}/color{}", splits_++, color), store_), rank,
+                static_cast<int>(members.size()), timeout_);
     return group;
   }
 
@@ -157,8 +157,8 @@ class GlooComm final : public Comm {
       group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("group", store_),
                                                            rank_, world_size_, options);
     } catch (const std::exception& error) {
-      throw TrainingError(fmt::format("rank {}: gloo cannot connect to its {} peers: {}", rank_, world_size_ - 1,
-                                      error.what()));
+      throw TrainingError(
+          fmt::format("rank {}: gloo cannot connect to its {} peers: {}", rank_, world_size_ - 1, error.what()));
     }
   }
 
