@@ -115,6 +115,30 @@ TEST(NcclComm, AHungCollectiveIsAbortedOnceAndNamed) {
   comm.reset();  // no ncclCommDestroy on the aborted communicator: no crash, no hang
 }
 
+// A sub-group's watchdog names the sub-group and the rank it came from.
+TEST(NcclComm, AHungCollectiveInASubGroupNamesIt) {
+  REQUIRE_CUDA();
+  setenv("TRAINER_FAULT_INJECT", "nccl-hang", 1);
+  std::unique_ptr<Comm> comm = nccl_at_one_rank(std::chrono::seconds(1));
+  std::unique_ptr<Comm> group = comm->split(0, 0);
+  unsetenv("TRAINER_FAULT_INJECT");
+  torch::Tensor t = torch::ones({16}, torch::TensorOptions().device(kCuda));
+  group->all_reduce_sum_async(t)->wait();
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  try {
+    group->barrier();
+    ADD_FAILURE() << "a collective after the abort did not fail";
+  } catch (const TrainingError& error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find("nccl all-reduce on rank 0 of a sub-group of 1 (rank 0) did not finish within 1 s"),
+              std::string::npos)
+        << what;
+  }
+  torch::cuda::synchronize();
+  group.reset();
+  comm.reset();
+}
+
 std::vector<double> losses(const std::string& name, const std::string& overrides) {
   const std::string dir = scratch_dir(name);
   const auto result = trainer("run " + source_path("configs/quickstart.toml") + " --set run.output_dir=" + dir +

@@ -72,8 +72,10 @@ struct InFlight {
 // is ever enqueued on an aborted communicator.
 class Watchdog {
  public:
-  Watchdog(ncclComm_t comm, std::chrono::milliseconds timeout, int rank, int device)
-      : comm_(comm), timeout_(timeout), rank_(rank), device_(device), thread_([this] { run(); }) {}
+  /// `who`: this rank in messages ("rank 3", or a sub-group's rank and the
+  /// world's).
+  Watchdog(ncclComm_t comm, std::chrono::milliseconds timeout, std::string who, int device)
+      : comm_(comm), timeout_(timeout), who_(std::move(who)), device_(device), thread_([this] { run(); }) {}
   ~Watchdog() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -102,12 +104,12 @@ class Watchdog {
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
       if (async != ncclSuccess && async != ncclInProgress) {
-        abort(fmt::format("nccl failed on rank {}: {}{}", rank_, ncclGetErrorString(async),
+        abort(fmt::format("nccl failed on {}: {}{}", who_, ncclGetErrorString(async),
                           pending_.empty() ? "" : fmt::format(" (in {})", pending_.front()->what)));
       } else if (!pending_.empty() && std::chrono::steady_clock::now() - pending_.front()->started > timeout_) {
-        abort(fmt::format("nccl {} on rank {} did not finish within {} s (distributed.timeout_s: a peer died or "
+        abort(fmt::format("nccl {} on {} did not finish within {} s (distributed.timeout_s: a peer died or "
                           "hangs); the communicator was aborted",
-                          pending_.front()->what, rank_, timeout_.count() / 1000.0));
+                          pending_.front()->what, who_, timeout_.count() / 1000.0));
       }
     }
   }
@@ -133,7 +135,7 @@ class Watchdog {
  private:
   ncclComm_t comm_;
   std::chrono::milliseconds timeout_;
-  int rank_;
+  std::string who_;
   int device_;
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -196,7 +198,7 @@ class NcclComm final : public Comm {
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
     check_nccl(ncclCommInitRank(&comm_, world_size_, id, rank_), "communicator init");
-    start();
+    start(fmt::format("rank {}", rank_));
   }
 
   // ncclCommSplit: NCCL exchanges the colors and keys itself. The new
@@ -214,7 +216,7 @@ class NcclComm final : public Comm {
     }
     check_nccl(ncclCommUserRank(group->comm_, &group->rank_), "communicator rank");
     check_nccl(ncclCommCount(group->comm_, &group->world_size_), "communicator size");
-    group->start();
+    group->start(fmt::format("rank {} of a sub-group of {} ({})", group->rank_, group->world_size_, who_));
     return group;
   }
 
@@ -290,11 +292,12 @@ class NcclComm final : public Comm {
   }
 
   // After comm_ exists: the stream, the fault injection and the watchdog.
-  void start() {
+  void start(std::string who) {
+    who_ = std::move(who);
     stream_ = at::cuda::getStreamFromPool(/*isHighPriority=*/true, device_.index());
     const char* fault = std::getenv("TRAINER_FAULT_INJECT");
     inject_hang_ = fault && std::string(fault) == "nccl-hang";
-    watchdog_ = std::make_unique<Watchdog>(comm_, timeout_, rank_, device_.index());
+    watchdog_ = std::make_unique<Watchdog>(comm_, timeout_, who_, device_.index());
   }
 
   void check_sizes(const torch::Tensor& whole, const torch::Tensor& part, const char* what) const {
@@ -307,6 +310,7 @@ class NcclComm final : public Comm {
   ncclComm_t comm_ = nullptr;
   int rank_ = 0;
   int world_size_ = 1;
+  std::string who_;  // this rank in messages
   std::chrono::milliseconds timeout_{300000};
   torch::Device device_ = torch::kCPU;
   c10::cuda::CUDAStream stream_ = c10::cuda::getDefaultCUDAStream();
