@@ -107,9 +107,10 @@ class Watchdog {
         abort(fmt::format("nccl failed on {}: {}{}", who_, ncclGetErrorString(async),
                           pending_.empty() ? "" : fmt::format(" (in {})", pending_.front()->what)));
       } else if (!pending_.empty() && std::chrono::steady_clock::now() - pending_.front()->started > timeout_) {
-        abort(fmt::format("nccl {} on {} did not finish within {} s (distributed.timeout_s: a peer died or "
-                          "hangs); the communicator was aborted",
-                          pending_.front()->what, who_, timeout_.count() / 1000.0));
+        abort(
+            fmt::format("nccl {} on {} did not finish within {} s (distributed.timeout_s: a peer died or "
+                        "hangs); the communicator was aborted",
+                        pending_.front()->what, who_, timeout_.count() / 1000.0));
       }
     }
   }
