@@ -7,8 +7,8 @@
 #include "Files.h"
 
 #include "trainer/Comm.h"
-#include "trainer/Errors.h"
 #include "trainer/Dataset.h"
+#include "trainer/Errors.h"
 #include "trainer/Logger.h"
 #include "trainer/Model.h"
 #include "trainer/Strategy.h"
@@ -16,9 +16,7 @@
 namespace trainer {
 
 Model::~Model() = default;
-torch::Tensor Model::logits(const torch::Tensor&) {
-  throw InputError("this model plugin does not provide logits()");
-}
+torch::Tensor Model::logits(const torch::Tensor&) { throw InputError("this model plugin does not provide logits()"); }
 UnitHooks::~UnitHooks() = default;
 Dataset::~Dataset() = default;
 Logger::~Logger() = default;

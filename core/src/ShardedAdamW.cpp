@@ -103,8 +103,8 @@ double ShardedAdamW::gradient_norm(Comm& comm) const {
 void ShardedAdamW::update(const AdamWConfig& config, const UpdateArgs& args) {
   torch::NoGradGuard no_grad;
   for (OptimizerShard& g : groups_) {
-    adamw_update(g.values.narrow(0, 0, g.owned.numel), g.gradient.narrow(0, 0, g.owned.numel), g.state, config,
-                 g.decay, args.lr, args.adam_step, args.grad_scale);
+    adamw_update(g.values.narrow(0, 0, g.owned.numel), g.gradient.narrow(0, 0, g.owned.numel), g.state, config, g.decay,
+                 args.lr, args.adam_step, args.grad_scale);
   }
 }
 

@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <iostream>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "Compare.h"
 #include "Conformance.h"
@@ -39,10 +39,14 @@ PluginRegistry discover(const CommonArgs& args) {
 
 const char* type_name(ValueType type) {
   switch (type) {
-    case ValueType::Bool: return "bool";
-    case ValueType::Int: return "int";
-    case ValueType::Float: return "float";
-    case ValueType::String: return "string";
+    case ValueType::Bool:
+      return "bool";
+    case ValueType::Int:
+      return "int";
+    case ValueType::Float:
+      return "float";
+    case ValueType::String:
+      return "string";
   }
   return "?";
 }
@@ -124,7 +128,8 @@ int main(int argc, char** argv) {
   check_plugin_cmd->add_option("--backend", check.backend, "comm plugin for world size > 1");
   check_plugin_cmd->add_flag("--backend-at-one-rank", check.backend_at_one_rank,
                              "use the backend at world size 1 too (tests it on one GPU)");
-  check_plugin_cmd->add_flag("--bf16", check.bf16, "also check bf16 accumulation over 16 micro-steps (default battery: on)");
+  check_plugin_cmd->add_flag("--bf16", check.bf16,
+                             "also check bf16 accumulation over 16 micro-steps (default battery: on)");
   check_plugin_cmd->add_option("--timeout", check.timeout_s, "seconds before a silent peer fails a split");
   check_plugin_cmd->add_option("--report", check.report, "write one JSON row per split and rank here");
   check_plugin_cmd->add_option("--rank-report", rank_report, "(internal) worker output directory")->group("");
@@ -136,7 +141,8 @@ int main(int argc, char** argv) {
   bool compare_quiet = false;
   CLI::App* compare = app.add_subcommand("compare", "per-step agreement of loss and grad norm between runs");
   compare->add_option("runs", compare_dirs, "run directories (each with metrics.jsonl); the first is the reference")
-      ->required()->expected(2, 1 << 20);
+      ->required()
+      ->expected(2, 1 << 20);
   compare->add_option("--rtol", compare_rtol, "largest relative deviation that counts as agreement");
   compare->add_flag("-q,--quiet", compare_quiet, "print only the summary line");
   std::string compare_html;

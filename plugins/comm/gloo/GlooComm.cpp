@@ -86,10 +86,9 @@ class GlooComm final : public Comm {
     torch::Tensor whole = is_narrow(input) ? input.to(torch::kFloat32) : input.clone();
     std::vector<at::Tensor> tensors{whole};
     const int64_t offset = rank_ * output.numel();
-    return std::make_unique<GlooWork>(group_->allreduce(tensors), "reduce-scatter", timeout_,
-                                      [whole, output, offset]() mutable {
-                                        output.copy_(whole.narrow(0, offset, output.numel()));
-                                      });
+    return std::make_unique<GlooWork>(
+        group_->allreduce(tensors), "reduce-scatter", timeout_,
+        [whole, output, offset]() mutable { output.copy_(whole.narrow(0, offset, output.numel())); });
   }
 
   std::unique_ptr<CommWork> all_gather_async(torch::Tensor input, torch::Tensor output) override {
@@ -114,8 +113,7 @@ class GlooComm final : public Comm {
     c10d::ReduceOptions options;
     options.rootRank = root;
     options.reduceOp = c10d::ReduceOp::SUM;
-    return std::make_unique<GlooWork>(group_->reduce(tensors, options), "reduce", timeout_,
-                                      copy_back(summed, tensor));
+    return std::make_unique<GlooWork>(group_->reduce(tensors, options), "reduce", timeout_, copy_back(summed, tensor));
   }
 
   void barrier() override { GlooWork(group_->barrier(), "barrier", timeout_).wait(); }
@@ -140,8 +138,8 @@ class GlooComm final : public Comm {
 
   void check_sizes(const torch::Tensor& whole, const torch::Tensor& part, const char* what) const {
     if (whole.numel() != part.numel() * world_size_ || whole.scalar_type() != part.scalar_type()) {
-      throw std::invalid_argument(fmt::format("gloo {}: {} elements are not world size {} x {} of the same dtype",
-                                              what, whole.numel(), world_size_, part.numel()));
+      throw std::invalid_argument(fmt::format("gloo {}: {} elements are not world size {} x {} of the same dtype", what,
+                                              whole.numel(), world_size_, part.numel()));
     }
   }
 
@@ -173,9 +171,9 @@ class GlooComm final : public Comm {
 Component* create(const Options&, const Context&) { return new GlooComm(); }
 
 const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Comm, "gloo", "0.1.0",
-                                           "CPU collectives through c10d's Gloo process group",
-                                           TRAINER_TORCH_VERSION, nullptr, 0, &create};
+  static const PluginDescriptor descriptor{
+      kAbiVersion,           PluginKind::Comm, "gloo", "0.1.0", "CPU collectives through c10d's Gloo process group",
+      TRAINER_TORCH_VERSION, nullptr,          0,      &create};
   return &descriptor;
 }
 

@@ -44,13 +44,20 @@ void check_cuda(cudaError_t result, const char* what) {
 
 ncclDataType_t nccl_type(const torch::Tensor& t) {
   switch (t.scalar_type()) {
-    case torch::kFloat32: return ncclFloat32;
-    case torch::kFloat64: return ncclFloat64;
-    case torch::kBFloat16: return ncclBfloat16;
-    case torch::kFloat16: return ncclFloat16;
-    case torch::kInt64: return ncclInt64;
-    case torch::kInt32: return ncclInt32;
-    default: throw std::invalid_argument(fmt::format("nccl: unsupported dtype {}", c10::toString(t.scalar_type())));
+    case torch::kFloat32:
+      return ncclFloat32;
+    case torch::kFloat64:
+      return ncclFloat64;
+    case torch::kBFloat16:
+      return ncclBfloat16;
+    case torch::kFloat16:
+      return ncclFloat16;
+    case torch::kInt64:
+      return ncclInt64;
+    case torch::kInt32:
+      return ncclInt32;
+    default:
+      throw std::invalid_argument(fmt::format("nccl: unsupported dtype {}", c10::toString(t.scalar_type())));
   }
 }
 
@@ -233,8 +240,8 @@ class NcclComm final : public Comm {
   std::unique_ptr<CommWork> reduce_scatter_sum_async(torch::Tensor input, torch::Tensor output) override {
     check_sizes(input, output, "reduce-scatter");
     return launch("reduce-scatter", {input, output}, [&](cudaStream_t s) {
-      return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), nccl_type(output), ncclSum,
-                               comm_, s);
+      return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), nccl_type(output), ncclSum, comm_,
+                               s);
     });
   }
 
@@ -266,7 +273,8 @@ class NcclComm final : public Comm {
   template <class Op>
   std::unique_ptr<CommWork> launch(const char* what, std::vector<torch::Tensor> tensors, Op op) {
     for (const torch::Tensor& t : tensors) {
-      if (!t.is_cuda() || !t.is_contiguous()) throw std::invalid_argument(fmt::format("nccl {}: tensors must be contiguous CUDA tensors", what));
+      if (!t.is_cuda() || !t.is_contiguous())
+        throw std::invalid_argument(fmt::format("nccl {}: tensors must be contiguous CUDA tensors", what));
     }
     c10::cuda::CUDAGuard guard(device_);
     std::lock_guard<std::mutex> lock(watchdog_->launch_mutex());
@@ -283,7 +291,8 @@ class NcclComm final : public Comm {
     check_cuda(cudaEventRecord(ready, at::cuda::getCurrentCUDAStream(device_.index()).stream()), "event record");
     check_cuda(cudaStreamWaitEvent(stream_.stream(), ready, 0), "stream wait");
     cudaEventDestroy(ready);
-    for (const torch::Tensor& t : tensors) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
+    for (const torch::Tensor& t : tensors)
+      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
     if (inject_hang_) check_cuda(cudaLaunchHostFunc(stream_.stream(), hold_until_aborted, nullptr), "host function");
     check_nccl(op(stream_.stream()), what);
     check_cuda(cudaEventRecord(work->done, stream_.stream()), "event record");
@@ -303,8 +312,8 @@ class NcclComm final : public Comm {
 
   void check_sizes(const torch::Tensor& whole, const torch::Tensor& part, const char* what) const {
     if (whole.numel() != part.numel() * world_size_ || whole.scalar_type() != part.scalar_type()) {
-      throw std::invalid_argument(fmt::format("nccl {}: {} elements are not world size {} x {} of the same dtype",
-                                              what, whole.numel(), world_size_, part.numel()));
+      throw std::invalid_argument(fmt::format("nccl {}: {} elements are not world size {} x {} of the same dtype", what,
+                                              whole.numel(), world_size_, part.numel()));
     }
   }
 
@@ -322,9 +331,9 @@ class NcclComm final : public Comm {
 Component* create(const Options&, const Context&) { return new NcclComm(); }
 
 const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Comm, "nccl", "0.1.0",
-                                           "CUDA collectives calling NCCL directly", TRAINER_TORCH_VERSION,
-                                           nullptr, 0, &create};
+  static const PluginDescriptor descriptor{
+      kAbiVersion,           PluginKind::Comm, "nccl", "0.1.0", "CUDA collectives calling NCCL directly",
+      TRAINER_TORCH_VERSION, nullptr,          0,      &create};
   return &descriptor;
 }
 
