@@ -61,12 +61,18 @@ std::vector<std::vector<Range>> gather_ranges(const std::vector<Range>& mine, Co
   return out;
 }
 
+// Elements of `group` in `ranges`.
+int64_t group_length(const std::vector<Range>& ranges, size_t group) {
+  int64_t length = 0;
+  for (const Range& range : ranges) length += range.group == group ? range.size() : 0;
+  return length;
+}
+
 // File `reader`'s tensor of `state` for `group`: the ranges of the group it
 // holds, one after the other; its length is checked against them.
 torch::Tensor read_group(const SafetensorsReader& reader, size_t group, const char* state,
                          const std::vector<Range>& ranges) {
-  int64_t length = 0;
-  for (const Range& range : ranges) length += range.group == group ? range.size() : 0;
+  const int64_t length = group_length(ranges, group);
   if (length == 0) return torch::zeros({0});
   const std::string name = fmt::format("group{}.{}", group, state);
   torch::Tensor held = reader.read(name);
@@ -103,11 +109,24 @@ std::vector<std::vector<Range>> assign_writers(const std::vector<Range>& held, C
   return manifest::writers(gather_ranges(held, comm, device), group_numel, problems);
 }
 
-template <class Slice>
-std::vector<Range> held_ranges(const std::vector<Slice>& slices) {
+std::vector<Range> held_ranges(const std::vector<FlatSlice>& slices) {
   std::vector<Range> out;
-  for (const Slice& s : slices) out.push_back(Range{s.group, s.offset, s.offset + s.values.numel()});
+  for (const FlatSlice& s : slices) out.push_back(Range{s.group, s.offset, s.offset + s.values.numel()});
   return out;
+}
+
+std::vector<Range> held_ranges(const std::vector<StateSlice>& slices) {
+  std::vector<Range> out;
+  for (const StateSlice& s : slices) out.push_back(Range{s.group, s.offset, s.offset + s.values.numel()});
+  return out;
+}
+
+void fill_range(const std::vector<FlatSlice>& slices, const Range& range, torch::Tensor out) {
+  for (const FlatSlice& s : slices) {
+    int64_t begin = 0, end = 0;
+    if (!overlap(s, s.values.numel(), range, &begin, &end)) continue;
+    out.narrow(0, begin - range.begin, end - begin).copy_(s.values.narrow(0, begin - s.offset, end - begin));
+  }
 }
 
 void check_state_coverage(Strategy& strategy, Model& model, Comm& comm, torch::Device device,
@@ -188,20 +207,19 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
   }
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   torch::NoGradGuard no_grad;
+  std::vector<FlatSlice> held[3];  // views of the values, then of each moment
+  for (const StateSlice& s : slices) {
+    held[0].push_back({s.group, s.offset, s.values});
+    held[1].push_back({s.group, s.offset, s.exp_avg});
+    held[2].push_back({s.group, s.offset, s.exp_avg_sq});
+  }
   for (size_t g = 0; g < group_numel.size(); ++g) {
-    int64_t length = 0;
-    for (const Range& range : written[rank]) length += range.group == g ? range.size() : 0;
     for (int k = 0; k < 3; ++k) {
-      torch::Tensor out = torch::zeros({length});
+      torch::Tensor out = torch::zeros({group_length(written[rank], g)});
       int64_t at = 0;
       for (const Range& range : written[rank]) {
         if (range.group != g) continue;
-        for (const StateSlice& s : slices) {
-          const torch::Tensor& source = k == 0 ? s.values : (k == 1 ? s.exp_avg : s.exp_avg_sq);
-          int64_t begin = 0, end = 0;
-          if (!overlap(s, source.numel(), range, &begin, &end)) continue;
-          out.narrow(0, at + begin - range.begin, end - begin).copy_(source.narrow(0, begin - s.offset, end - begin));
-        }
+        fill_range(held[k], range, out.narrow(0, at, range.size()));
         at += range.size();
       }
       tensors.emplace_back(fmt::format("group{}.{}", g, kStateNames[k]), out);

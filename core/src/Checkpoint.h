@@ -69,6 +69,14 @@ std::vector<std::vector<manifest::Range>> assign_writers(const std::vector<manif
                                                          torch::Device device, const std::vector<int64_t>& group_numel,
                                                          std::vector<manifest::Range>* problems);
 
+/// The ranges of the flat groups the slices cover.
+std::vector<manifest::Range> held_ranges(const std::vector<FlatSlice>& slices);
+std::vector<manifest::Range> held_ranges(const std::vector<StateSlice>& slices);
+
+/// out (laid out as `range`) = the elements of `range` the slices hold;
+/// the others are left as they are.
+void fill_range(const std::vector<FlatSlice>& slices, const manifest::Range& range, torch::Tensor out);
+
 /// Collective; right after Strategy::setup. Checkpoints and the final
 /// weights are assembled from the slices (assign_writers), so together the
 /// ranks' state_slices() and parameter_slices() must cover every element of

@@ -29,6 +29,7 @@
 #include "trainer/JsonSupport.h"
 #include "trainer/Log.h"
 #include "trainer/Random.h"
+#include "trainer/ShardedAdamW.h"
 #include "trainer/Strategy.h"
 
 namespace trainer {
@@ -263,6 +264,11 @@ std::string Split::text() const {
                          : fmt::format("{}x{}x{}", micro, accum, world);
 }
 
+std::string Split::argument() const {
+  return shard_group > 0 ? fmt::format("{},{},{},{}", micro, accum, world, shard_group)
+                         : fmt::format("{},{},{}", micro, accum, world);
+}
+
 std::string Split::options() const {
   return shard_group > 0 ? fmt::format("shard_group_size = {}\n", shard_group) : "";
 }
@@ -284,7 +290,7 @@ Split parse_split(const std::string& text) {
 std::vector<Split> default_splits(const LoadedPlugin& strategy) {
   std::vector<Split> splits = {{8, 1, 1}, {2, 4, 1}, {1, 8, 1}, {4, 1, 2}, {2, 2, 2}, {1, 2, 4}};
   for (size_t k = 0; k < strategy.descriptor->num_keys; ++k) {
-    if (std::string(strategy.descriptor->keys[k].name) == "shard_group_size") {
+    if (std::string(strategy.descriptor->keys[k].name) == kShardGroupSizeKey.name) {
       splits.push_back({1, 2, 4, 2});
       splits.push_back({2, 2, 2, 1});
     }
@@ -497,11 +503,8 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
       // strategy is often known only through --plugin-dir).
       std::vector<std::string> args = {executable};
       for (const std::string& plugin_dir : request.plugin_dirs) args.insert(args.end(), {"--plugin-dir", plugin_dir});
-      args.insert(args.end(), {"check-plugin", request.strategy, "--split",
-                               split.shard_group > 0 ? fmt::format("{},{},{},{}", split.micro, split.accum, split.world,
-                                                                   split.shard_group)
-                                                     : fmt::format("{},{},{}", split.micro, split.accum, split.world),
-                               "--device", request.device, "--backend", request.backend, "--timeout",
+      args.insert(args.end(), {"check-plugin", request.strategy, "--split", split.argument(), "--device",
+                               request.device, "--backend", request.backend, "--timeout",
                                fmt::format("{}", request.timeout_s), "--rank-report", dir.string()});
       if (!previous_checkpoint.empty()) args.insert(args.end(), {"--load-checkpoint", previous_checkpoint});
       std::vector<char*> argv;

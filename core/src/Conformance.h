@@ -19,7 +19,8 @@ struct Split {
   int64_t accum = 1;
   int world = 1;
   int shard_group = 0;
-  std::string text() const;  ///< "2x2x2", or "1x2x4g2" with a shard group size
+  std::string text() const;      ///< "2x2x2", or "1x2x4g2" with a shard group size
+  std::string argument() const;  ///< as --split takes it (parse_split's input): "2,2,2", or "1,2,4,2"
   /// The strategy's recipe table for this split ("" or its shard_group_size).
   std::string options() const;
 };

@@ -65,6 +65,15 @@ Range canonical_chunk(size_t group, int64_t n, int rank, int world) {
   return Range{group, std::min(n, rank * c), std::min(n, (rank + 1) * c)};
 }
 
+namespace {
+
+// A format-3 range as the manifest holds it: [group, begin, end] (validated).
+Range range_of(const Json& range) {
+  return Range{range[0].get<size_t>(), range[1].get<int64_t>(), range[2].get<int64_t>()};
+}
+
+}  // namespace
+
 std::vector<std::vector<Range>> writers(const std::vector<std::vector<Range>>& held,
                                         const std::vector<int64_t>& group_numel, std::vector<Range>* problems) {
   std::vector<std::vector<Range>> out(held.size());
@@ -217,7 +226,7 @@ void validate(const Json& manifest, const fs::path& file) {
                         "the group's elements, got {}",
                         file.string(), r, range.dump()));
       }
-      const Range next{range[0].get<size_t>(), range[1].get<int64_t>(), range[2].get<int64_t>()};
+      const Range next = range_of(range);
       if (!held.back().empty() &&
           std::tie(next.group, next.begin) < std::tie(held.back().back().group, held.back().back().end)) {
         throw InputError(fmt::format("{}: file {}'s 'ranges' must be ascending and disjoint", file.string(), r));
@@ -249,9 +258,7 @@ std::vector<std::vector<Range>> file_ranges(const Json& manifest, const fs::path
   for (size_t r = 0; r < files.size(); ++r) {
     out.emplace_back();
     if (listed) {
-      for (const Json& range : member(files[r], "ranges", file)) {
-        out.back().push_back(Range{range[0].get<size_t>(), range[1].get<int64_t>(), range[2].get<int64_t>()});
-      }
+      for (const Json& range : member(files[r], "ranges", file)) out.back().push_back(range_of(range));
       continue;
     }
     for (size_t g = 0; g < groups.size(); ++g) {

@@ -86,10 +86,9 @@ std::vector<torch::Tensor> consolidated_parameters(Model& model, Strategy& strat
                                                    bool writer) {
   const std::vector<int64_t> group_numel = group_sizes(model);
   const std::vector<FlatSlice> slices = strategy.parameter_slices();
-  std::vector<manifest::Range> held, problems;
-  for (const FlatSlice& s : slices) held.push_back({s.group, s.offset, s.offset + s.values.numel()});
+  std::vector<manifest::Range> problems;
   const std::vector<manifest::Range> mine =
-      assign_writers(held, comm, device, group_numel, &problems).at(static_cast<size_t>(comm.rank()));
+      assign_writers(held_ranges(slices), comm, device, group_numel, &problems).at(static_cast<size_t>(comm.rank()));
   // Assembled on the host one device chunk at a time: a device copy of all
   // parameters at once would set the run's peak device memory at its end.
   constexpr int64_t kChunk = int64_t(64) << 20;  // elements: 256 MiB of fp32
@@ -102,15 +101,9 @@ std::vector<torch::Tensor> consolidated_parameters(Model& model, Strategy& strat
       const int64_t end_of_chunk = std::min(n, start + kChunk);
       torch::Tensor part = torch::zeros({end_of_chunk - start}, torch::TensorOptions().device(device));
       for (const manifest::Range& range : mine) {
-        if (range.group != g) continue;
-        for (const FlatSlice& slice : slices) {
-          if (slice.group != g) continue;
-          const int64_t begin = std::max({slice.offset, range.begin, start});
-          const int64_t end = std::min({slice.offset + slice.values.numel(), range.end, end_of_chunk});
-          if (end > begin) {
-            part.narrow(0, begin - start, end - begin).copy_(slice.values.narrow(0, begin - slice.offset, end - begin));
-          }
-        }
+        const manifest::Range in_part{range.group, std::max(range.begin, start), std::min(range.end, end_of_chunk)};
+        if (range.group != g || in_part.size() <= 0) continue;
+        fill_range(slices, in_part, part.narrow(0, in_part.begin - start, in_part.size()));
       }
       if (comm.world_size() > 1) comm.all_reduce_sum(part);
       if (writer) full[g].narrow(0, start, end_of_chunk - start).copy_(part);
