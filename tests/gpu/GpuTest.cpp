@@ -93,24 +93,35 @@ TEST(NcclComm, SplitGivesAWorkingSubGroup) {
 // returns at once (the host does not spin), the communicator is aborted
 // after the timeout, the next collective fails naming the hung one and the
 // rank, and the aborted communicator is not destroyed again.
+// With every collective of `comm` held back (TRAINER_FAULT_INJECT=nccl-hang,
+// a 1 s timeout): starts an all-reduce, lets the watchdog abort it, and
+// returns what the next collective throws ("" when it does not). `waited`:
+// how long wait() held the host.
+std::string failure_after_a_hang(Comm& comm, std::chrono::steady_clock::duration* waited) {
+  torch::Tensor t = torch::ones({16}, torch::TensorOptions().device(kCuda));
+  const auto start = std::chrono::steady_clock::now();
+  comm.all_reduce_sum_async(t)->wait();
+  *waited = std::chrono::steady_clock::now() - start;
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  try {
+    comm.barrier();
+  } catch (const TrainingError& error) {
+    return error.what();
+  }
+  return "";
+}
+
 TEST(NcclComm, AHungCollectiveIsAbortedOnceAndNamed) {
   REQUIRE_CUDA();
   setenv("TRAINER_FAULT_INJECT", "nccl-hang", 1);
   std::unique_ptr<Comm> comm = nccl_at_one_rank(std::chrono::seconds(1));
   unsetenv("TRAINER_FAULT_INJECT");
-  torch::Tensor t = torch::ones({16}, torch::TensorOptions().device(kCuda));
-  const auto start = std::chrono::steady_clock::now();
-  comm->all_reduce_sum_async(t)->wait();
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500)) << "wait() blocked the host";
-  std::this_thread::sleep_for(std::chrono::seconds(3));
-  try {
-    comm->barrier();
-    ADD_FAILURE() << "a collective after the abort did not fail";
-  } catch (const TrainingError& error) {
-    const std::string what = error.what();
-    EXPECT_NE(what.find("nccl all-reduce on rank 0 did not finish within 1 s"), std::string::npos) << what;
-    EXPECT_NE(what.find("aborted"), std::string::npos) << what;
-  }
+  std::chrono::steady_clock::duration waited{};
+  const std::string what = failure_after_a_hang(*comm, &waited);
+  EXPECT_FALSE(what.empty()) << "a collective after the abort did not fail";
+  EXPECT_LT(waited, std::chrono::milliseconds(500)) << "wait() blocked the host";
+  EXPECT_NE(what.find("nccl all-reduce on rank 0 did not finish within 1 s"), std::string::npos) << what;
+  EXPECT_NE(what.find("aborted"), std::string::npos) << what;
   torch::cuda::synchronize();
   comm.reset();  // no ncclCommDestroy on the aborted communicator: no crash, no hang
 }
@@ -122,18 +133,12 @@ TEST(NcclComm, AHungCollectiveInASubGroupNamesIt) {
   std::unique_ptr<Comm> comm = nccl_at_one_rank(std::chrono::seconds(1));
   std::unique_ptr<Comm> group = comm->split(0, 0);
   unsetenv("TRAINER_FAULT_INJECT");
-  torch::Tensor t = torch::ones({16}, torch::TensorOptions().device(kCuda));
-  group->all_reduce_sum_async(t)->wait();
-  std::this_thread::sleep_for(std::chrono::seconds(3));
-  try {
-    group->barrier();
-    ADD_FAILURE() << "a collective after the abort did not fail";
-  } catch (const TrainingError& error) {
-    const std::string what = error.what();
-    EXPECT_NE(what.find("nccl all-reduce on rank 0 of a sub-group of 1 (rank 0) did not finish within 1 s"),
-              std::string::npos)
-        << what;
-  }
+  std::chrono::steady_clock::duration waited{};
+  const std::string what = failure_after_a_hang(*group, &waited);
+  EXPECT_FALSE(what.empty()) << "a collective after the abort did not fail";
+  EXPECT_NE(what.find("nccl all-reduce on rank 0 of a sub-group of 1 (rank 0) did not finish within 1 s"),
+            std::string::npos)
+      << what;
   torch::cuda::synchronize();
   group.reset();
   comm.reset();
