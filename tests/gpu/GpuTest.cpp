@@ -3,14 +3,14 @@
 // the CPU and with itself across accumulation splits.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <iostream>
 #include <thread>
 #include <tuple>
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/cuda.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "PluginRegistry.h"
 #include "TestSupport.h"
@@ -180,13 +180,15 @@ TEST(GpuTraining, SeedScenarioInBf16AgreesAcrossSplitsAndStrategies) {
     EXPECT_EQ(result.exit_code, 0) << result.output;
     return dir;
   };
-  const std::string ddp = run("SeedBf16Ddp", "--set strategy.name=ddp --set training.micro_batch_size=8 "
-                                              "--set training.grad_accum_steps=1");
+  const std::string ddp = run("SeedBf16Ddp",
+                              "--set strategy.name=ddp --set training.micro_batch_size=8 "
+                              "--set training.grad_accum_steps=1");
   std::string dirs;
   for (const char* s : {"zero1", "zero2", "zero3"}) {
     dirs += " " + run(std::string("SeedBf16_2x4_") + s, std::string("--set strategy.name=") + s);
-    dirs += " " + run(std::string("SeedBf16_8x1_") + s, std::string("--set strategy.name=") + s +
-                                                             " --set training.micro_batch_size=8 --set training.grad_accum_steps=1");
+    dirs += " " + run(std::string("SeedBf16_8x1_") + s,
+                      std::string("--set strategy.name=") + s +
+                          " --set training.micro_batch_size=8 --set training.grad_accum_steps=1");
   }
   // bf16 compute rounds each micro-batch differently (~2^-8 relative);
   // fp32 accumulation keeps 100 steps within 1e-2.
