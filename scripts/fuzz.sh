@@ -23,12 +23,12 @@ out=build-fuzz
 mkdir -p "$out"
 flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DFMT_HEADER_ONLY
        -Icore/include -Icore/src)
-declare -A sources=([safetensors]="core/src/SafetensorsHeader.cpp" [metrics]="core/src/Metrics.cpp"
-                    [manifest]="core/src/Manifest.cpp"
-                    [recipe]="core/src/Recipe.cpp core/src/TomlText.cpp core/src/CoreSections.cpp core/src/Options.cpp core/src/PluginRegistry.cpp"
+declare -A sources=([safetensors]="core/src/util/SafetensorsHeader.cpp" [metrics]="core/src/tools/Metrics.cpp"
+                    [manifest]="core/src/checkpoint/Manifest.cpp"
+                    [recipe]="core/src/recipe/Recipe.cpp core/src/recipe/TomlText.cpp core/src/recipe/CoreSections.cpp core/src/recipe/Options.cpp core/src/plugin/PluginRegistry.cpp"
                     [jsonl-record]="datasets/jsonl/JsonlRecord.cpp core/src/text/Tokenizer.cpp"
-                    [hf-config]="models/qwen2/Qwen2Config.cpp core/src/Options.cpp"
-                    [tokenizer]="core/src/text/Tokenizer.cpp" [toml]="core/src/TomlText.cpp")
+                    [hf-config]="models/qwen2/Qwen2Config.cpp core/src/recipe/Options.cpp"
+                    [tokenizer]="core/src/text/Tokenizer.cpp" [toml]="core/src/recipe/TomlText.cpp")
 declare -A names=([safetensors]=Safetensors [metrics]=Metrics [manifest]=Manifest [recipe]=Recipe
                   [jsonl-record]=JsonlRecord [hf-config]=HfConfig [tokenizer]=Tokenizer [toml]=Toml)
 # The recipe target checks plugin names and keys against the build's plugins

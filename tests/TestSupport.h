@@ -12,8 +12,8 @@
 
 #include <gtest/gtest.h>
 
-#include "Files.h"
-#include "Metrics.h"
+#include "util/Files.h"
+#include "tools/Metrics.h"
 
 namespace trainer::testing {
 

@@ -1,5 +1,7 @@
-// The `trainer` command line: run, validate, plugins. Exit codes: 0 success,
-// 2 bad input (recipe, plugin, data, command line), 1 failure while training.
+// The `trainer` command line: run, validate, plugins, check-plugin, compare,
+// export, forward, tokenize, new-plugin. Exit codes: 0 success, 2 bad input
+// (recipe, plugin, data, command line), 1 failure while training, 75 stopped
+// by a signal after writing a checkpoint.
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -7,15 +9,17 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
-#include "Compare.h"
-#include "Conformance.h"
-#include "Launcher.h"
-#include "NewPlugin.h"
-#include "PluginRegistry.h"
-#include "Recipe.h"
-#include "Tokenize.h"
-#include "Tools.h"
-#include "TrainingLoop.h"
+#include "tools/Compare.h"
+#include "kit/Conformance.h"
+#include "distributed/Launcher.h"
+#include "tools/NewPlugin.h"
+#include "plugin/PluginRegistry.h"
+#include "recipe/Recipe.h"
+#include "tools/Tokenize.h"
+#include "tools/Export.h"
+#include "tools/Forward.h"
+#include "run/RunConfig.h"
+#include "run/TrainingLoop.h"
 #include "trainer/Errors.h"
 #include "trainer/Log.h"
 
@@ -225,14 +229,15 @@ int main(int argc, char** argv) {
     }
     if (validate->parsed()) {
       // The same batch checks as `trainer run` with the recipe's local workers.
-      const int local_workers = std::max<int>(1, static_cast<int>(recipe.distributed.integer("nproc")));
-      batch_shape(recipe, local_workers);
+      const int local_workers = std::max(1, comm_settings(recipe).nproc);
+      run_config(recipe, local_workers);
       check_backend(recipe, registry, local_workers);
       std::cout << recipe.resolved_toml();
       log::info(fmt::format("{}: recipe is valid", recipe_file));
       return 0;
     }
-    const int workers = static_cast<int>(recipe.distributed.integer("nproc"));
+    const CommSettings comm = comm_settings(recipe);
+    const int workers = comm.nproc;
     if (started_as_worker()) {
       const WorldInfo world = world_from_environment();
       if (workers > 1 && !std::getenv("TRAINER_WORKER")) {
@@ -244,7 +249,7 @@ int main(int argc, char** argv) {
     }
     if (workers > 1) {
       check_backend(recipe, registry, workers);  // once, before any worker starts
-      return launch_local_workers(argc, argv, workers, recipe.distributed.real("timeout_s"));
+      return launch_local_workers(argc, argv, workers, comm.timeout_s);
     }
     train(recipe, registry, WorldInfo{});
     return 0;

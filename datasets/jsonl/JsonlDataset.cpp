@@ -13,7 +13,7 @@
 #include "trainer/Dataset.h"
 #include "trainer/Errors.h"
 #include "trainer/Log.h"
-#include "trainer/Tokenizer.h"
+#include "trainer/util/Tokenizer.h"
 
 #include "JsonlRecord.h"
 
@@ -103,15 +103,6 @@ constexpr KeySpec kKeys[] = {
     {"shuffle", ValueType::Bool, "true", "false: step t takes records t*G .. (t+1)*G - 1 in file order"},
 };
 
-Component* create(const Options& options, const Context& context) { return new JsonlDataset(options, context); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Dataset, "jsonl", "0.1.0",
-                                           "prompt/completion records from a JSON-lines file", TRAINER_TORCH_VERSION,
-                                           kKeys, std::size(kKeys), &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Dataset, JsonlDataset, "jsonl", "0.1.0", "prompt/completion records from a JSON-lines file", kKeys)

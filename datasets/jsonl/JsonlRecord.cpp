@@ -5,8 +5,8 @@
 
 #include <fmt/format.h>
 
-#include "trainer/JsonSupport.h"
-#include "trainer/Tokenizer.h"
+#include "trainer/util/JsonSupport.h"
+#include "trainer/util/Tokenizer.h"
 
 namespace trainer {
 

@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 
 #include "trainer/Dataset.h"
-#include "trainer/Random.h"
+#include "trainer/util/Random.h"
 
 namespace {
 
@@ -91,15 +91,6 @@ constexpr KeySpec kKeys[] = {
     {"shuffle", ValueType::Bool, "true", "false: step t takes samples t*G .. (t+1)*G - 1 in index order"},
 };
 
-Component* create(const Options& options, const Context& context) { return new SyntheticDataset(options, context); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Dataset, "synthetic", "0.1.0",
-                                           "deterministic prompt/completion sequences with a learnable rule",
-                                           TRAINER_TORCH_VERSION, kKeys, std::size(kKeys), &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Dataset, SyntheticDataset, "synthetic", "0.1.0", "deterministic prompt/completion sequences with a learnable rule", kKeys)

@@ -96,15 +96,6 @@ constexpr KeySpec kKeys[] = {
     {"shuffle", ValueType::Bool, "true", "false: step t takes windows t*G .. (t+1)*G - 1 in file order"},
 };
 
-Component* create(const Options& options, const Context& context) { return new TokensDataset(options, context); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Dataset, "tokens", "0.1.0",
-                                           "fixed-length windows of a flat binary token file", TRAINER_TORCH_VERSION,
-                                           kKeys, std::size(kKeys), &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Dataset, TokensDataset, "tokens", "0.1.0", "fixed-length windows of a flat binary token file", kKeys)

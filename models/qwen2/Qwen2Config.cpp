@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 
 #include "trainer/Errors.h"
-#include "trainer/JsonSupport.h"
+#include "trainer/util/JsonSupport.h"
 
 namespace trainer::qwen2 {
 

@@ -18,10 +18,11 @@
 #include <fmt/ranges.h>
 
 #include "trainer/Errors.h"
-#include "trainer/JsonSupport.h"
+#include "trainer/util/JsonSupport.h"
 #include "trainer/Model.h"
-#include "trainer/Safetensors.h"
-#include "trainer/TorchCompat.h"
+#include "trainer/util/Safetensors.h"
+#include "trainer/ops/Attention.h"
+#include "trainer/util/TorchCompat.h"
 #include "trainer/ops/Linear.h"
 #include "trainer/ops/LinearCrossEntropy.h"
 #include "trainer/ops/Recompute.h"
@@ -218,7 +219,7 @@ class Qwen2Model final : public Model {
         c.attention_bias ? std::vector<Tensor>{l.q_bias, l.k_bias, l.v_bias} : std::vector<Tensor>{};
     const Tensor qkv = ops::linear_of(norm, x, {l.input_norm}, {l.q_weight, l.k_weight, l.v_weight}, qkv_biases);
     const ops::QkvHeads heads = ops::split_qkv_rotary(qkv, c.num_heads, c.num_kv_heads, tables);
-    const Tensor attention = compat::causal_attention(heads.q.transpose(1, 2), heads.k.transpose(1, 2),
+    const Tensor attention = ops::causal_attention(heads.q.transpose(1, 2), heads.k.transpose(1, 2),
                                                       heads.v.transpose(1, 2))
                                  .transpose(1, 2)
                                  .reshape({b, t, c.hidden_size});
@@ -304,15 +305,6 @@ class Qwen2Model final : public Model {
   std::vector<Layer> layers_;
 };
 
-Component* create(const Options& options, const Context& context) { return new Qwen2Model(options, context); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Model, "qwen2", "0.1.0",
-                                           "Qwen2/Llama-family decoder-only transformer", TRAINER_TORCH_VERSION,
-                                           qwen2::keys().data(), qwen2::keys().size(), &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Model, Qwen2Model, "qwen2", "0.1.0", "Qwen2/Llama-family decoder-only transformer", qwen2::keys())

@@ -39,7 +39,7 @@ TEST_P(Conformance, MatchesTheFp64Reference) {
   ASSERT_GE(std::sscanf(c.split.c_str(), "%*d,%*d,%d", &world), 1) << c.split;
   ASSERT_EQ(static_cast<int>(rows.size()), world);
   for (const MetricsRow& row : rows) {
-    // Tolerances of the contract (origin in core/src/Conformance.cpp).
+    // Tolerances of the contract (origin in core/src/kit/Checks.cpp).
     EXPECT_LE(row.at("grad_error"), 1e-5) << "rank " << row.at("rank");
     EXPECT_LE(row.at("norm_error"), 1e-5) << "rank " << row.at("rank");
     EXPECT_LE(row.at("param_error"), 1e-4) << "rank " << row.at("rank");
@@ -75,7 +75,7 @@ INSTANTIATE_TEST_SUITE_P(Strategies, Conformance, ::testing::ValuesIn(all_cases(
 
 // bf16 compute, 16 accumulation steps: the accumulated gradient stays within
 // what fp32 accumulation of the bf16 micro-gradients can err by (the bound's
-// derivation is in core/src/Conformance.cpp).
+// derivation is in core/src/kit/Checks.cpp).
 TEST(ConformanceBf16, AccumulationStaysWithinTheFp32Bound) {
   for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
     const std::string dir = scratch_dir(std::string("ConformanceBf16_") + strategy);

@@ -5,7 +5,7 @@
 #include <exception>
 #include <string_view>
 
-#include "Manifest.h"
+#include "checkpoint/Manifest.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

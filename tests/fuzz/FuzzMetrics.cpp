@@ -7,7 +7,7 @@
 #include <fstream>
 #include <string>
 
-#include "Metrics.h"
+#include "tools/Metrics.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string path = "/tmp/trainer-fuzz-metrics-" + std::to_string(getpid()) + ".jsonl";

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "PluginRegistry.h"
-#include "Recipe.h"
+#include "plugin/PluginRegistry.h"
+#include "recipe/Recipe.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "trainer/Tokenizer.h"
+#include "trainer/util/Tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::shared_ptr<const trainer::Tokenizer> tokenizer = trainer::Tokenizer::load(

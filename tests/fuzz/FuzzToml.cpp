@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "TomlText.h"
+#include "recipe/TomlText.h"
 #include "trainer/Errors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

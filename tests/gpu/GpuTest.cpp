@@ -12,7 +12,7 @@
 #include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "PluginRegistry.h"
+#include "plugin/PluginRegistry.h"
 #include "TestSupport.h"
 #include "trainer/Comm.h"
 #include "trainer/Errors.h"

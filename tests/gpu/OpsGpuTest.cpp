@@ -8,8 +8,8 @@
 #include <torch/autograd.h>
 #include <torch/cuda.h>
 
-#include "ExactGradients.h"
-#include "trainer/AdamW.h"
+#include "reproducible/ExactGradients.h"
+#include "trainer/sharding/AdamW.h"
 #include "trainer/Comm.h"
 #include "trainer/Model.h"
 #include "trainer/ops/Linear.h"

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "TestSupport.h"
-#include "trainer/JsonSupport.h"
+#include "trainer/util/JsonSupport.h"
 
 namespace trainer {
 namespace {

@@ -11,8 +11,8 @@
 #include <sstream>
 
 #include "TestSupport.h"
-#include "trainer/JsonSupport.h"
-#include "trainer/Tokenizer.h"
+#include "trainer/util/JsonSupport.h"
+#include "trainer/util/Tokenizer.h"
 
 namespace trainer {
 namespace {

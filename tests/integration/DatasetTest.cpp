@@ -7,8 +7,8 @@
 #include <filesystem>
 
 #include "TestSupport.h"
-#include "trainer/JsonSupport.h"
-#include "trainer/Tokenizer.h"
+#include "trainer/util/JsonSupport.h"
+#include "trainer/util/Tokenizer.h"
 
 namespace trainer {
 namespace {

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "TestSupport.h"
-#include "trainer/JsonSupport.h"
+#include "trainer/util/JsonSupport.h"
 
 namespace trainer {
 namespace {

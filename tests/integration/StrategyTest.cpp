@@ -7,7 +7,7 @@
 #include <regex>
 
 #include "TestSupport.h"
-#include "trainer/JsonSupport.h"
+#include "trainer/util/JsonSupport.h"
 
 namespace trainer {
 namespace {

@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "TestSupport.h"
-#include "trainer/Safetensors.h"
+#include "trainer/util/Safetensors.h"
 
 namespace trainer {
 namespace {

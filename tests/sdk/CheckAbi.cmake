@@ -4,7 +4,11 @@
 # is bumped and a line "VERSION DIGEST" appended for it.
 #   cmake -DSOURCE=<project root> -P CheckAbi.cmake
 set(include_dir "${SOURCE}/core/include/trainer")
-file(GLOB_RECURSE headers RELATIVE "${include_dir}" "${include_dir}/*.h")
+# The interface tier only (trainer/*.h): the building blocks (sharding/),
+# utilities (util/) and ops (ops/) are functions and classes of
+# libtrainer_core.so that a plugin links against, not the descriptor and
+# the virtual interfaces the loader checks.
+file(GLOB headers RELATIVE "${include_dir}" "${include_dir}/*.h")
 list(SORT headers)
 set(text "")
 foreach(header IN LISTS headers)

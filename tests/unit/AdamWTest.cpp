@@ -1,6 +1,6 @@
 // AdamW on flat buffers against an independent element-by-element fp64
 // implementation of the torch.optim.AdamW update rule.
-#include "trainer/AdamW.h"
+#include "trainer/sharding/AdamW.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Who writes which elements of a checkpoint (manifest::writers) and how a
 // format-3 manifest's ranges are checked: every element once, whatever
 // the ranks hold (full copies, disjoint shards, replicated shards).
-#include "Manifest.h"
+#include "checkpoint/Manifest.h"
 
 #include <gtest/gtest.h>
 

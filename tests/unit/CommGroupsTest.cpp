@@ -6,10 +6,10 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "PluginRegistry.h"
+#include "plugin/PluginRegistry.h"
 #include "trainer/Comm.h"
 #include "trainer/Errors.h"
-#include "trainer/ShardedAdamW.h"
+#include "trainer/sharding/ShardedAdamW.h"
 
 namespace trainer {
 namespace {

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <random>
 
-#include "ExactGradients.h"
+#include "reproducible/ExactGradients.h"
 #include "trainer/Comm.h"
 #include "trainer/Model.h"
 

@@ -1,6 +1,6 @@
 // Flat parameter buffers: parameters become views, autograd accumulates into
 // the flat gradient buffer (adds, never overwrites), shards tile the buffer.
-#include "trainer/FlatParameters.h"
+#include "trainer/sharding/FlatParameters.h"
 
 #include <gtest/gtest.h>
 

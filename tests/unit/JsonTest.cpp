@@ -1,7 +1,7 @@
 // What the readers add to nlohmann-json (trainer/JsonSupport.h): file order
 // kept, repeated keys refused at any depth, int64 bounds, nullptr lookups,
 // and error messages without the library's exception prefix.
-#include "trainer/JsonSupport.h"
+#include "trainer/util/JsonSupport.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Learning-rate schedules: warmup, and the decay shapes' end points.
-#include "LrSchedule.h"
+#include "run/LrSchedule.h"
 
 #include <gtest/gtest.h>
 

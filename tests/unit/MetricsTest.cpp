@@ -1,5 +1,5 @@
 // Reading metrics.jsonl back, and errors that name the line.
-#include "Metrics.h"
+#include "tools/Metrics.h"
 
 #include <gtest/gtest.h>
 

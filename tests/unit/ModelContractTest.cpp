@@ -3,8 +3,8 @@
 // count, and runs in fp64 for references.
 #include <gtest/gtest.h>
 
-#include "PluginRegistry.h"
-#include "Recipe.h"
+#include "plugin/PluginRegistry.h"
+#include "recipe/Recipe.h"
 #include "TestSupport.h"
 #include "trainer/Model.h"
 

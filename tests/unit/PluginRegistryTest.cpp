@@ -1,5 +1,5 @@
 // Plugin discovery and the loader's checks, one error message per failure.
-#include "PluginRegistry.h"
+#include "plugin/PluginRegistry.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Recipe parsing and validation: every bad input is an InputError naming the
 // file, the line or --set, the key and what was expected.
-#include "Recipe.h"
+#include "recipe/Recipe.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The sampler's promise: the samples of a step depend on (seed, step, global
 // batch size) only, never on how they are split over ranks and micro-steps.
-#include "Sampler.h"
+#include "run/Sampler.h"
 
 #include <gtest/gtest.h>
 

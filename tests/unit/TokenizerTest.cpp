@@ -9,8 +9,8 @@
 
 #include "TestSupport.h"
 #include "trainer/Errors.h"
-#include "trainer/JsonSupport.h"
-#include "trainer/Tokenizer.h"
+#include "trainer/util/JsonSupport.h"
+#include "trainer/util/Tokenizer.h"
 
 namespace trainer {
 namespace {

@@ -2,7 +2,7 @@
 // behaviour is refused with its place, or read as the same TOML; everything
 // else reads as TOML++ reads it. Each case below reached
 // __builtin_unreachable in TOML++ 3.3 (checked under UBSan).
-#include "TomlText.h"
+#include "recipe/TomlText.h"
 
 #include <gtest/gtest.h>
 

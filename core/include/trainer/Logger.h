@@ -3,8 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,16 +61,6 @@ struct MetricField {
 /// (jsonl, csv, tensorboard) uses; memory fields that do not apply to the
 /// device are NaN.
 std::vector<MetricField> metric_fields(const StepRecord& record);
-
-/// For a file logger of a resumed run: rewrites `path` (atomically: into
-/// PATH.tmp, flushed, renamed over it) as `prefix` followed by the lines
-/// whose `step_of` is at most `last_step`; lines without a step (a header,
-/// a crashed run's torn last line) and later steps are dropped, so every
-/// step appears once. A missing file is left alone. Throws InputError
-/// naming the file when the rewrite cannot be written; `path` then stays
-/// as it was.
-void keep_steps_until(const std::string& path, int64_t last_step, const std::string& prefix,
-                      const std::function<std::optional<int64_t>(const std::string& line)>& step_of);
 
 /// Called on rank 0 only, from the training thread.
 class Logger : public Component {

@@ -7,12 +7,20 @@
 
 #include <torch/types.h>
 
-#include "trainer/AdamW.h"
 #include "trainer/Comm.h"
 #include "trainer/Model.h"
 #include "trainer/Plugin.h"
 
 namespace trainer {
+
+/// The recipe's [optimizer] settings besides the learning rate (which the
+/// loop's schedule gives each step, UpdateArgs::lr).
+struct AdamWConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
 
 /// What a strategy learns at setup besides its own options.
 struct StrategyEnv {

@@ -2,8 +2,9 @@
 // one pass reading parameters, gradients and both moments and writing them
 // back, and, where a strategy computes in bf16, the updated parameters
 // rounded to bf16 in the same pass (a separate copy would read the fp32
-// parameters again). The arithmetic is adamw_update's CPU sequence, element
-// by element.
+// parameters again). The operations are adamw_update's CPU loop's, element
+// by element, but nvcc contracts multiply-adds into FMAs by default, so a
+// result can differ from the CPU's in the last place.
 #include "KernelSupport.cuh"
 
 namespace trainer::ops::kernels {

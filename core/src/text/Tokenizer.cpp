@@ -1,4 +1,5 @@
-// Tokenizer: Hugging Face's byte-level BPE read from tokenizer.json.
+// Tokenizer: Hugging Face's byte-level BPE read from tokenizer.json. One
+// file: the six steps below are one pipeline whose ids must equal HF's.
 //
 // encode(text):
 //   1. invalid UTF-8 -> U+FFFD per maximal subpart (Python's "replace");
@@ -11,7 +12,7 @@
 //   6. BPE: with ignore_merges a piece found whole in the vocabulary is one
 //      token; otherwise the pair of lowest merge rank (leftmost on ties) is
 //      merged until none is left.
-#include "trainer/Tokenizer.h"
+#include "trainer/util/Tokenizer.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -24,7 +25,7 @@
 #include <fmt/format.h>
 
 #include "trainer/Errors.h"
-#include "trainer/JsonSupport.h"
+#include "trainer/util/JsonSupport.h"
 
 #ifdef TRAINER_HAS_TOKENIZER
 #define PCRE2_CODE_UNIT_WIDTH 8

@@ -168,15 +168,6 @@ class GlooComm final : public Comm {
   std::chrono::milliseconds timeout_{300000};
 };
 
-Component* create(const Options&, const Context&) { return new GlooComm(); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{
-      kAbiVersion,           PluginKind::Comm, "gloo", "0.1.0", "CPU collectives through c10d's Gloo process group",
-      TRAINER_TORCH_VERSION, nullptr,          0,      &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Comm, GlooComm, "gloo", "0.1.0", "CPU collectives through c10d's Gloo process group", ::trainer::kNoKeys)

@@ -328,15 +328,6 @@ class NcclComm final : public Comm {
   std::unique_ptr<Watchdog> watchdog_;  // after comm_: stopped before the communicator goes
 };
 
-Component* create(const Options&, const Context&) { return new NcclComm(); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{
-      kAbiVersion,           PluginKind::Comm, "nccl", "0.1.0", "CUDA collectives calling NCCL directly",
-      TRAINER_TORCH_VERSION, nullptr,          0,      &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Comm, NcclComm, "nccl", "0.1.0", "CUDA collectives calling NCCL directly", ::trainer::kNoKeys)

@@ -63,15 +63,6 @@ constexpr KeySpec kKeys[] = {
     {"interval", ValueType::Int, "10", "print every this many optimizer steps (and the first and last)", 1, 1e12},
 };
 
-Component* create(const Options& options, const Context&) { return new ConsoleLogger(options); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Logger, "console", "0.1.0",
-                                           "progress line on stdout", TRAINER_TORCH_VERSION,
-                                           kKeys, std::size(kKeys), &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Logger, ConsoleLogger, "console", "0.1.0", "progress line on stdout", kKeys)

@@ -5,13 +5,13 @@
 // spreadsheet or pandas sees exactly what the jsonl file holds.
 #include <cmath>
 #include <filesystem>
-#include <fstream>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
 
-#include "trainer/Errors.h"
 #include "trainer/Logger.h"
+#include "trainer/util/StepFile.h"
 
 namespace {
 
@@ -24,23 +24,24 @@ std::string header() {
   return names;
 }
 
+// A row's step is its first column; the header and a torn last row have none.
+std::optional<int64_t> step_of_row(const std::string& line) {
+  const size_t comma = line.find(',');
+  if (comma == std::string::npos) return std::nullopt;
+  try {
+    return std::stoll(line.substr(0, comma));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 class CsvLogger final : public Logger {
  public:
-  CsvLogger(const Options& options, const Context& context) {
-    path_ = std::filesystem::path(options.text("path"));
-    if (path_.is_relative()) path_ = std::filesystem::path(context.output_dir) / path_;
-  }
+  CsvLogger(const Options& options, const Context& context) : path_(run_path(options.text("path"), context)) {}
 
-  void start(const RunInfo& info) override {
-    if (info.first_step > 0 && std::filesystem::exists(path_)) {
-      keep_until(info.first_step);
-      out_.open(path_, std::ios::app);
-    } else {
-      out_.open(path_, std::ios::trunc);
-      out_ << header() << "\n";
-    }
-    if (!out_) throw InputError(fmt::format("{}: cannot open for writing", path_.string()));
-  }
+  // A resumed run continues the file: the header and the rows up to the
+  // checkpoint's step are kept, later ones (written before a crash) dropped.
+  void start(const RunInfo& info) override { file_.open_lines(path_, info.first_step, header() + "\n", step_of_row); }
 
   void log(const StepRecord& r) override {
     std::string row;
@@ -49,47 +50,20 @@ class CsvLogger final : public Logger {
       if (f.kind == MetricField::Kind::Real) row += fmt::format("{:.17g}", f.value);
       else if (std::isfinite(f.value)) row += fmt::format("{:.0f}", f.value);  // unknown: empty
     }
-    out_ << row << "\n";
-    out_.flush();
-    if (!out_) throw TrainingError(fmt::format("{}: write failed", path_.string()));
+    file_.write(row + "\n");
   }
 
-  void finish() override {
-    if (out_.is_open()) out_.flush();
-  }
+  void finish() override { file_.finish(); }
 
  private:
-  // A resumed run continues the file: the header and the rows up to the
-  // checkpoint's step are kept, later ones (written before a crash) dropped.
-  void keep_until(int64_t last_step) {
-    keep_steps_until(path_.string(), last_step, header() + "\n", [](const std::string& line) -> std::optional<int64_t> {
-      const size_t comma = line.find(',');
-      if (comma == std::string::npos) return std::nullopt;  // a torn last row of a crashed run
-      try {
-        return std::stoll(line.substr(0, comma));
-      } catch (const std::exception&) {
-        return std::nullopt;  // the header, or a torn last row
-      }
-    });
-  }
-
   std::filesystem::path path_;
-  std::ofstream out_;
+  StepFile file_;
 };
 
 constexpr KeySpec kKeys[] = {
     {"path", ValueType::String, "'metrics.csv'", "output file, relative to the run's output directory"},
 };
 
-Component* create(const Options& options, const Context& context) { return new CsvLogger(options, context); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Logger, "csv", "0.1.0",
-                                           "one CSV row per optimizer step", TRAINER_TORCH_VERSION, kKeys,
-                                           std::size(kKeys), &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Logger, CsvLogger, "csv", "0.1.0", "one CSV row per optimizer step", kKeys)

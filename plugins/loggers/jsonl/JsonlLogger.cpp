@@ -4,34 +4,42 @@
 // for bit from their files; unknown figures are null.
 #include <cmath>
 #include <filesystem>
-#include <fstream>
+#include <optional>
 
 #include <fmt/format.h>
 
-#include "trainer/Errors.h"
-#include "trainer/JsonSupport.h"
+#include "trainer/util/JsonSupport.h"
 #include "trainer/Log.h"
 #include "trainer/Logger.h"
+#include "trainer/util/StepFile.h"
 
 namespace {
 
 using namespace trainer;
 
+// A record's "step"; a torn last line of a crashed run has none.
+std::optional<int64_t> step_of_record(const std::string& line) {
+  try {
+    const Json record = json_parse(line);
+    const Json* step = json_find(record, "step");
+    if (step && json_is_int64(*step)) return step->get<int64_t>();
+  } catch (const std::exception&) {
+    // a torn last line
+  }
+  return std::nullopt;
+}
 
 class JsonlLogger final : public Logger {
  public:
-  JsonlLogger(const Options& options, const Context& context) {
-    path_ = std::filesystem::path(options.text("path"));
-    if (path_.is_relative()) path_ = std::filesystem::path(context.output_dir) / path_;
-  }
+  JsonlLogger(const Options& options, const Context& context) : path_(run_path(options.text("path"), context)) {}
 
+  // A resumed run continues the file: records past the checkpoint's step
+  // (written before a crash) are dropped so every step appears once.
   void start(const RunInfo& info) override {
     if (info.first_step == 0 && std::filesystem::exists(path_)) {
       log::warn(fmt::format("{}: replacing the metrics of an earlier run", path_.string()));
     }
-    if (info.first_step > 0) keep_until(info.first_step);
-    out_.open(path_, info.first_step == 0 ? std::ios::trunc : std::ios::app);
-    if (!out_) throw InputError(fmt::format("{}: cannot open for writing", path_.string()));
+    file_.open_lines(path_, info.first_step, "", step_of_record);
   }
 
   void log(const StepRecord& r) override {
@@ -43,48 +51,20 @@ class JsonlLogger final : public Logger {
       else if (f.kind == MetricField::Kind::Integer) value = static_cast<int64_t>(f.value);
       else value = f.value;
     }
-    out_ << record.dump() << "\n";
-    out_.flush();
-    if (!out_) throw TrainingError(fmt::format("{}: write failed", path_.string()));
+    file_.write(record.dump() + "\n");
   }
 
-  void finish() override {
-    if (out_.is_open()) out_.flush();
-  }
+  void finish() override { file_.finish(); }
 
  private:
-  // A resumed run continues the file: records past the checkpoint's step
-  // (written before a crash) are dropped so every step appears once.
-  void keep_until(int64_t last_step) {
-    keep_steps_until(path_.string(), last_step, "", [](const std::string& line) -> std::optional<int64_t> {
-      try {
-        const Json record = json_parse(line);
-        const Json* step = json_find(record, "step");
-        if (step && json_is_int64(*step)) return step->get<int64_t>();
-      } catch (const std::exception&) {
-        // a torn last line of a crashed run
-      }
-      return std::nullopt;
-    });
-  }
-
   std::filesystem::path path_;
-  std::ofstream out_;
+  StepFile file_;
 };
 
 constexpr KeySpec kKeys[] = {
     {"path", ValueType::String, "'metrics.jsonl'", "output file, relative to the run's output directory"},
 };
 
-Component* create(const Options& options, const Context& context) { return new JsonlLogger(options, context); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Logger, "jsonl", "0.1.0",
-                                           "one JSON record per optimizer step", TRAINER_TORCH_VERSION,
-                                           kKeys, std::size(kKeys), &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Logger, JsonlLogger, "jsonl", "0.1.0", "one JSON record per optimizer step", kKeys)

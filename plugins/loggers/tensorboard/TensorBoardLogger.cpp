@@ -19,14 +19,13 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include <boost/crc.hpp>
 #include <fmt/format.h>
 
-#include "trainer/Errors.h"
 #include "trainer/Logger.h"
+#include "trainer/util/StepFile.h"
 
 namespace {
 
@@ -83,20 +82,15 @@ constexpr Scalar kScalars[] = {
 
 class TensorBoardLogger final : public Logger {
  public:
-  TensorBoardLogger(const Options& options, const Context& context) {
-    dir_ = std::filesystem::path(options.text("dir"));
-    if (dir_.is_relative()) dir_ = std::filesystem::path(context.output_dir) / dir_;
-  }
+  TensorBoardLogger(const Options& options, const Context& context) : dir_(run_path(options.text("dir"), context)) {}
 
   void start(const RunInfo& info) override {
     std::filesystem::create_directories(dir_);
     char host[256] = "localhost";
     gethostname(host, sizeof(host) - 1);
     // A resumed run writes a file of its own (TensorBoard reads a directory's files in name order).
-    path_ = dir_ / fmt::format("events.out.tfevents.{:010d}.{}.{}.{}", static_cast<long long>(now()), host, getpid(),
-                               info.first_step);
-    out_.open(path_, std::ios::binary | std::ios::trunc);
-    if (!out_) throw InputError(fmt::format("{}: cannot open for writing", path_.string()));
+    file_.open_binary(dir_ / fmt::format("events.out.tfevents.{:010d}.{}.{}.{}", static_cast<long long>(now()), host,
+                                         getpid(), info.first_step));
     std::string event;
     key(event, 1, 1);
     fixed(event, now());
@@ -138,9 +132,7 @@ class TensorBoardLogger final : public Logger {
     write(event);
   }
 
-  void finish() override {
-    if (out_.is_open()) out_.flush();
-  }
+  void finish() override { file_.finish(); }
 
  private:
   static double now() {
@@ -153,31 +145,21 @@ class TensorBoardLogger final : public Logger {
     char header[8];
     std::memcpy(header, &length, 8);
     const uint32_t length_crc = masked_crc32c(header, 8), data_crc = masked_crc32c(data.data(), data.size());
-    out_.write(header, 8);
-    out_.write(reinterpret_cast<const char*>(&length_crc), 4);
-    out_.write(data.data(), static_cast<std::streamsize>(data.size()));
-    out_.write(reinterpret_cast<const char*>(&data_crc), 4);
-    out_.flush();
-    if (!out_) throw TrainingError(fmt::format("{}: write failed", path_.string()));
+    std::string record(header, 8);
+    fixed(record, length_crc);
+    record += data;
+    fixed(record, data_crc);
+    file_.write(record);
   }
 
-  std::filesystem::path dir_, path_;
-  std::ofstream out_;
+  std::filesystem::path dir_;
+  StepFile file_;
 };
 
 constexpr KeySpec kKeys[] = {
     {"dir", ValueType::String, "'tensorboard'", "directory of the event files, relative to the run's output directory"},
 };
 
-Component* create(const Options& options, const Context& context) { return new TensorBoardLogger(options, context); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Logger, "tensorboard", "0.1.0",
-                                           "TensorBoard event files (scalars per step)", TRAINER_TORCH_VERSION,
-                                           kKeys, std::size(kKeys), &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Logger, TensorBoardLogger, "tensorboard", "0.1.0", "TensorBoard event files (scalars per step)", kKeys)

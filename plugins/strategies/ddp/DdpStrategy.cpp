@@ -10,9 +10,10 @@
 // start at the boundary. The sums are the same either way.
 #include <cmath>
 
-#include "trainer/FlatParameters.h"
-#include "trainer/GradientBuckets.h"
+#include "trainer/sharding/FlatParameters.h"
+#include "trainer/sharding/GradientBuckets.h"
 #include "trainer/Strategy.h"
+#include "trainer/sharding/AdamW.h"
 
 namespace {
 
@@ -154,15 +155,6 @@ constexpr KeySpec kKeys[] = {
     {"reduce_dtype", ValueType::String, "'fp32'", "dtype of the gradient all-reduce", -kNoLimit, kNoLimit, "fp32|bf16"},
 };
 
-Component* create(const Options& options, const Context&) { return new DdpStrategy(options); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Strategy, "ddp", "0.1.0",
-                                           "data parallel: full gradients all-reduced in buckets",
-                                           TRAINER_TORCH_VERSION, kKeys, std::size(kKeys), &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Strategy, DdpStrategy, "ddp", "0.1.0", "data parallel: full gradients all-reduced in buckets", kKeys)

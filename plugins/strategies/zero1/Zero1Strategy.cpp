@@ -11,91 +11,44 @@
 // With shard_group_size = s < world (hybrid sharding) "world" above reads
 // s: the reduce-scatter and all-gather run within each group of s ranks,
 // and the reduced shard is summed over the groups (ShardGroups).
-#include "trainer/FlatParameters.h"
-#include "trainer/ShardedAdamW.h"
-#include "trainer/Strategy.h"
+#include "trainer/sharding/ShardedStrategy.h"
 
 namespace {
 
 using namespace trainer;
 
-class Zero1Strategy final : public Strategy {
+// The shared half (shards, update, gather, slices, the full gradient
+// buffers) is ShardedStrategy's; this file is zero1's gradient path: the
+// full fp32 gradients reduce-scattered to the shards at the boundary.
+class Zero1Strategy final : public ShardedStrategy {
  public:
-  explicit Zero1Strategy(const Options& options)
-      : reduce_dtype_(options.text("reduce_dtype") == "bf16" ? torch::kBFloat16 : torch::kFloat32),
-        shard_group_size_(options.integer("shard_group_size")) {}
+  explicit Zero1Strategy(const Options& options) : ShardedStrategy(options, "zero1") {}
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
-    groups_of_ = ShardGroups(comm, shard_group_size_, "zero1");
-    comm_ = &groups_of_.shard();
-    adamw_ = env.adamw;
-    groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/comm_->world_size(), torch::kFloat32,
-                                 env.compute_dtype);
-    for (ParameterGroup& group : groups_) {
-      // The full fp32 gradient buffer autograd adds into (bf16 gradients widened exactly).
-      grads_.push_back(torch::zeros_like(group.values));
-      bind_gradients(group, grads_.back());
-    }
-    optimizer_ = ShardedAdamW::viewing(groups_, *comm_);
+    join(comm, env);
+    keep_full_parameters(model, env);
+    keep_full_gradients();
   }
 
   void backward(const torch::Tensor& loss, const MicroStep&) override { loss.backward(); }
 
   double reduce_gradients_and_norm() override {
     torch::NoGradGuard no_grad;
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      torch::Tensor& shard = optimizer_.groups()[g].gradient;
-      if (reduce_dtype_ == torch::kFloat32) {
-        comm_->reduce_scatter_sum(grads_[g], shard);
-        groups_of_.sum_over_replicas(shard);
+    const std::vector<torch::Tensor>& grads = full_gradients();
+    for (size_t g = 0; g < grads.size(); ++g) {
+      torch::Tensor& shard = optimizer().groups()[g].gradient;
+      if (reduce_dtype() == torch::kFloat32) {
+        shard_comm().reduce_scatter_sum(grads[g], shard);
+        shard_groups().sum_over_replicas(shard);
       } else {
-        torch::Tensor out = torch::empty_like(shard, reduce_dtype_);
-        comm_->reduce_scatter_sum(grads_[g].to(reduce_dtype_), out);
-        groups_of_.sum_over_replicas(out);
+        torch::Tensor out = torch::empty_like(shard, reduce_dtype());
+        shard_comm().reduce_scatter_sum(grads[g].to(reduce_dtype()), out);
+        shard_groups().sum_over_replicas(out);
         shard.copy_(out);
       }
     }
-    return optimizer_.gradient_norm(*comm_);
+    return ShardedStrategy::reduce_gradients_and_norm();
   }
-
-  void apply_update(const UpdateArgs& args) override {
-    optimizer_.update(adamw_, args);
-    all_gather_parameters(optimizer_, groups_, *comm_);
-    discard_gradients();
-  }
-
-  // The shard's gradient needs no zeroing: the next reduce-scatter overwrites it.
-  void discard_gradients() override {
-    for (torch::Tensor& grads : grads_) grads.zero_();
-  }
-
-  MemoryReport memory() const override {
-    MemoryReport report;
-    report.gradient_bytes = optimizer_.gradient_bytes();
-    report.optimizer_bytes = optimizer_.moment_bytes();
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      report.parameter_bytes += groups_[g].compute.numel() * groups_[g].compute.element_size();
-      report.gradient_bytes += grads_[g].numel() * 4;
-      // the fp32 master weights, when parameters compute in bf16
-      if (separate_compute(groups_[g])) report.optimizer_bytes += groups_[g].values.numel() * 4;
-    }
-    return report;
-  }
-
-  std::vector<FlatSlice> gradient_slices() const override { return optimizer_.gradient_slices(); }
-  std::vector<StateSlice> state_slices() override { return optimizer_.state_slices(); }
-  void state_loaded() override { all_gather_parameters(optimizer_, groups_, *comm_); }
-  std::vector<FlatSlice> parameter_slices() const override { return optimizer_.parameter_slices(); }
-
- private:
-  torch::Dtype reduce_dtype_;
-  int64_t shard_group_size_;
-  ShardGroups groups_of_;
-  Comm* comm_ = nullptr;  // the shard group
-  AdamWConfig adamw_;
-  std::vector<ParameterGroup> groups_;
-  std::vector<torch::Tensor> grads_;
-  ShardedAdamW optimizer_;
 };
 
 constexpr KeySpec kKeys[] = {
@@ -104,15 +57,6 @@ constexpr KeySpec kKeys[] = {
     kShardGroupSizeKey,
 };
 
-Component* create(const Options& options, const Context&) { return new Zero1Strategy(options); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Strategy, "zero1", "0.1.0",
-                                           "ZeRO stage 1: AdamW state sharded across ranks", TRAINER_TORCH_VERSION,
-                                           kKeys, std::size(kKeys), &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Strategy, Zero1Strategy, "zero1", "0.1.0", "ZeRO stage 1: AdamW state sharded across ranks", kKeys)

@@ -20,40 +20,35 @@
 #include <algorithm>
 #include <memory>
 
-#include "trainer/FlatParameters.h"
-#include "trainer/GradientBuckets.h"
-#include "trainer/ShardedAdamW.h"
-#include "trainer/Strategy.h"
+#include "trainer/sharding/ShardedStrategy.h"
+#include "trainer/sharding/StreamedGradients.h"
 
 namespace {
 
 using namespace trainer;
 
-class Zero2Strategy final : public Strategy {
+// The shared half (shards, norm, update, gather, slices) is
+// ShardedStrategy's; this file is zero2's gradient path.
+class Zero2Strategy final : public ShardedStrategy {
  public:
   explicit Zero2Strategy(const Options& options)
-      : reduce_dtype_(options.text("reduce_dtype") == "bf16" ? torch::kBFloat16 : torch::kFloat32),
-        bucket_numel_(std::max<int64_t>(1, static_cast<int64_t>(options.real("bucket_mb") * 1024 * 1024 / 4))),
-        shard_group_size_(options.integer("shard_group_size")) {}
+      : ShardedStrategy(options, "zero2"),
+        bucket_numel_(std::max<int64_t>(1, static_cast<int64_t>(options.real("bucket_mb") * 1024 * 1024 / 4))) {}
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
-    groups_of_ = ShardGroups(comm, shard_group_size_, "zero2");
-    comm_ = &groups_of_.shard();
-    adamw_ = env.adamw;
-    groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/comm_->world_size(), torch::kFloat32,
-                                 env.compute_dtype);
-    optimizer_ = ShardedAdamW::viewing(groups_, *comm_);
+    join(comm, env);
+    keep_full_parameters(model, env);
     gradients_ = std::make_unique<StreamedGradients>(
-        groups_, bucket_numel_, [this](const GradientBucket& bucket, const torch::Tensor& buffer) {
+        full_groups(), bucket_numel_, [this](const GradientBucket& bucket, const torch::Tensor& buffer) {
           // Reduced in reduce_dtype (fp32 by default), then added into the fp32 accumulator.
-          const torch::Tensor sent = reduce_dtype_ == torch::kFloat32 ? buffer : buffer.to(reduce_dtype_);
+          const torch::Tensor sent = reduce_dtype() == torch::kFloat32 ? buffer : buffer.to(reduce_dtype());
           auto reduction = std::make_shared<ShardReduction>(
-              optimizer_.reduce_to_owners(*comm_, bucket.group, bucket.begin, sent));
+              optimizer().reduce_to_owners(shard_comm(), bucket.group, bucket.begin, sent));
           return [this, reduction] {
             const torch::Tensor added = reduction->finish();
             // Hybrid: in the step's last backward this part of the shard is
             // final, so its sum over the replica groups starts at once.
-            if (last_micro_ && added.defined()) groups_of_.start_sum_over_replicas(added);
+            if (last_micro_ && added.defined()) shard_groups().start_sum_over_replicas(added);
           };
         });
   }
@@ -63,47 +58,15 @@ class Zero2Strategy final : public Strategy {
     gradients_->backward(loss);
   }
 
-  double reduce_gradients_and_norm() override {
-    groups_of_.finish_sums_over_replicas();
-    return optimizer_.gradient_norm(*comm_);
-  }
-
-  void apply_update(const UpdateArgs& args) override {
-    optimizer_.update(adamw_, args);
-    all_gather_parameters(optimizer_, groups_, *comm_);
-    discard_gradients();
-  }
-
-  void discard_gradients() override { optimizer_.zero_gradients(); }
-
   MemoryReport memory() const override {
-    MemoryReport report;
-    report.gradient_bytes = optimizer_.gradient_bytes();
-    report.optimizer_bytes = optimizer_.moment_bytes();
+    MemoryReport report = ShardedStrategy::memory();
     report.peak_transient_gradient_bytes = gradients_->peak_bytes();
-    for (const ParameterGroup& group : groups_) {
-      report.parameter_bytes += group.compute.numel() * group.compute.element_size();
-      // the fp32 master weights, when parameters compute in bf16
-      if (separate_compute(group)) report.optimizer_bytes += group.values.numel() * 4;
-    }
     return report;
   }
 
-  std::vector<FlatSlice> gradient_slices() const override { return optimizer_.gradient_slices(); }
-  std::vector<StateSlice> state_slices() override { return optimizer_.state_slices(); }
-  void state_loaded() override { all_gather_parameters(optimizer_, groups_, *comm_); }
-  std::vector<FlatSlice> parameter_slices() const override { return optimizer_.parameter_slices(); }
-
  private:
-  torch::Dtype reduce_dtype_;
   int64_t bucket_numel_;
-  int64_t shard_group_size_;
-  ShardGroups groups_of_;
   bool last_micro_ = false;
-  Comm* comm_ = nullptr;  // the shard group
-  AdamWConfig adamw_;
-  std::vector<ParameterGroup> groups_;
-  ShardedAdamW optimizer_;
   std::unique_ptr<StreamedGradients> gradients_;
 };
 
@@ -113,15 +76,6 @@ constexpr KeySpec kKeys[] = {
     kShardGroupSizeKey,
 };
 
-Component* create(const Options& options, const Context&) { return new Zero2Strategy(options); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Strategy, "zero2", "0.1.0",
-                                           "ZeRO stage 2: gradients and AdamW state sharded", TRAINER_TORCH_VERSION,
-                                           kKeys, std::size(kKeys), &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Strategy, Zero2Strategy, "zero2", "0.1.0", "ZeRO stage 2: gradients and AdamW state sharded", kKeys)

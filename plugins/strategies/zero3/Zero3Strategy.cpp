@@ -39,9 +39,7 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include "trainer/Errors.h"
-#include "trainer/FlatParameters.h"
-#include "trainer/ShardedAdamW.h"
-#include "trainer/Strategy.h"
+#include "trainer/sharding/ShardedStrategy.h"
 
 namespace {
 
@@ -100,29 +98,25 @@ struct Unit {
   bool in_backward = false;
 };
 
-class Zero3Strategy final : public Strategy, public UnitHooks {
+class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
  public:
   explicit Zero3Strategy(const Options& options)
-      : reduce_dtype_(options.text("reduce_dtype") == "bf16" ? torch::kBFloat16 : torch::kFloat32),
-        prefetch_(options.integer("prefetch")),
-        shard_group_size_(options.integer("shard_group_size")) {}
+      : ShardedStrategy(options, "zero3"), prefetch_(options.integer("prefetch")) {}
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
-    groups_of_ = ShardGroups(comm, shard_group_size_, "zero3");
-    comm_ = &groups_of_.shard();
+    join(comm, env);
     compute_dtype_ = env.compute_dtype;
-    adamw_ = env.adamw;
     model_ = &model;
     const std::vector<NamedParameter> params = model.parameters();
     const std::vector<ParameterUnit> declared = model.units();
     if (declared.empty()) {
       throw InputError("strategy 'zero3' needs a model that declares its units (Model::units); this one declares none");
     }
-    std::vector<ParameterGroup> layout = flatten_parameters(params, env.device, comm_->world_size());
+    std::vector<ParameterGroup> layout = flatten_parameters(params, env.device, shard_comm().world_size());
     for (ParameterGroup& group : layout) {
       // The shard's fp32 master values live only here: the full buffer goes.
-      const Shard shard = shard_of(group.padded_numel, comm_->rank(), comm_->world_size());
-      optimizer_.add_group(shard, unpadded(group, shard), group.decay,
+      const Shard shard = shard_of(group.padded_numel, shard_comm().rank(), shard_comm().world_size());
+      optimizer().add_group(shard, unpadded(group, shard), group.decay,
                            group.values.narrow(0, shard.offset, shard.numel).clone());
     }
     build_units(params, declared, layout);
@@ -189,32 +183,13 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
     return output;
   }
 
-  double reduce_gradients_and_norm() override {
-    groups_of_.finish_sums_over_replicas();
-    return optimizer_.gradient_norm(*comm_);
-  }
-
-  void apply_update(const UpdateArgs& args) override {
-    optimizer_.update(adamw_, args);
-    discard_gradients();
-  }
-
-  void discard_gradients() override { optimizer_.zero_gradients(); }
-
   MemoryReport memory() const override {
-    MemoryReport report;
-    for (const OptimizerShard& s : optimizer_.groups()) report.parameter_bytes += s.values.numel() * 4;
-    report.gradient_bytes = optimizer_.gradient_bytes();
-    report.optimizer_bytes = optimizer_.moment_bytes();
+    MemoryReport report = ShardedStrategy::memory();
     report.peak_gathered_parameter_bytes = peak_gathered_bytes_;
     return report;
   }
-
-  std::vector<FlatSlice> gradient_slices() const override { return optimizer_.gradient_slices(); }
-  std::vector<StateSlice> state_slices() override { return optimizer_.state_slices(); }
-  // Units are gathered from the shards on demand: nothing derives from them.
-  void state_loaded() override {}
-  std::vector<FlatSlice> parameter_slices() const override { return optimizer_.parameter_slices(); }
+  // state_loaded: units are gathered from the shards on demand, so nothing
+  // derives from them (ShardedStrategy's, without full parameters).
 
  private:
   void build_units(const std::vector<NamedParameter>& params, const std::vector<ParameterUnit>& declared,
@@ -248,9 +223,9 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
         unit.params.push_back(params[index].tensor);
       }
       for (auto& [g, r] : ranges) {
-        r.values = torch::empty({r.end - r.begin}, optimizer_.groups()[g].values.options().dtype(compute_dtype_));
-        for (int rank = 0; rank < comm_->world_size(); ++rank) {
-          const Shard s = shard_of(layout[g].padded_numel, rank, comm_->world_size());
+        r.values = torch::empty({r.end - r.begin}, optimizer().groups()[g].values.options().dtype(compute_dtype_));
+        for (int rank = 0; rank < shard_comm().world_size(); ++rank) {
+          const Shard s = shard_of(layout[g].padded_numel, rank, shard_comm().world_size());
           Piece p{std::max(r.begin, s.offset), std::min(r.end, s.offset + s.numel)};
           if (p.end <= p.begin) p = Piece{};  // this rank holds none of the range
           r.longest = std::max(r.longest, p.size());
@@ -299,13 +274,13 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
   void start_gather(Unit& unit) {
     if (unit.gathered) return;
     torch::NoGradGuard no_grad;
-    const int rank = comm_->rank();
+    const int rank = shard_comm().rank();
     for (UnitRange& r : unit.ranges) {
       reallocate(r.values);
-      const OptimizerShard& s = optimizer_.groups()[r.group];
+      const OptimizerShard& s = optimizer().groups()[r.group];
       const Piece& mine = r.pieces[rank];
       gathered_bytes_ += r.values.numel() * r.values.element_size();
-      if (comm_->world_size() == 1) {  // the shard is the whole range: one copy (and cast), no collective
+      if (shard_comm().world_size() == 1) {  // the shard is the whole range: one copy (and cast), no collective
         r.values.copy_(s.values.narrow(0, r.begin - s.shard.offset, r.values.numel()));
         continue;
       }
@@ -314,8 +289,8 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
       if (mine.size() > 0) {
         r.send.narrow(0, 0, mine.size()).copy_(s.values.narrow(0, mine.begin - s.shard.offset, mine.size()));
       }
-      r.received = torch::empty({r.longest * comm_->world_size()}, r.values.options());
-      r.gathering = comm_->all_gather_async(r.send, r.received);
+      r.received = torch::empty({r.longest * shard_comm().world_size()}, r.values.options());
+      r.gathering = shard_comm().all_gather_async(r.send, r.received);
       unit.in_flight = true;
     }
     unit.gathered = true;
@@ -379,27 +354,27 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
   void finish_backward(Unit& unit) {
     torch::NoGradGuard no_grad;
     complete_reduction();
-    const int world = comm_->world_size();
+    const int world = shard_comm().world_size();
     PendingReduction pending;
     pending.unit = static_cast<size_t>(&unit - units_.data());
     for (size_t k = 0; k < unit.ranges.size(); ++k) {
       UnitRange& r = unit.ranges[k];
-      OptimizerShard& s = optimizer_.groups()[r.group];
-      if (world == 1 && reduce_dtype_ == torch::kFloat32) {  // a reduce-scatter over one rank adds the whole range
+      OptimizerShard& s = optimizer().groups()[r.group];
+      if (world == 1 && reduce_dtype() == torch::kFloat32) {  // a reduce-scatter over one rank adds the whole range
         torch::Tensor range = s.gradient.narrow(0, r.begin - s.shard.offset, r.grads.numel());
         range.add_(r.grads);
-        if (last_micro_) groups_of_.start_sum_over_replicas(range);
+        if (last_micro_) shard_groups().start_sum_over_replicas(range);
         r.grads = torch::Tensor();
         continue;
       }
-      torch::Tensor send = torch::zeros({r.longest * world}, r.grads.options().dtype(reduce_dtype_));
+      torch::Tensor send = torch::zeros({r.longest * world}, r.grads.options().dtype(reduce_dtype()));
       for (int p = 0; p < world; ++p) {
         const Piece& piece = r.pieces[p];
         if (piece.size() == 0) continue;
         send.narrow(0, p * r.longest, piece.size()).copy_(r.grads.narrow(0, piece.begin - r.begin, piece.size()));
       }
       torch::Tensor received = torch::empty({r.longest}, send.options());
-      pending.works.push_back(comm_->reduce_scatter_sum_async(send, received));
+      pending.works.push_back(shard_comm().reduce_scatter_sum_async(send, received));
       pending.received.emplace_back(k, received);
       pending.sent.push_back(send);
       r.grads = torch::Tensor();
@@ -421,30 +396,24 @@ class Zero3Strategy final : public Strategy, public UnitHooks {
       pending->works[i]->wait();
       const auto& [k, received] = pending->received[i];
       const UnitRange& r = unit.ranges[k];
-      OptimizerShard& s = optimizer_.groups()[r.group];
-      const Piece& mine = r.pieces[comm_->rank()];
+      OptimizerShard& s = optimizer().groups()[r.group];
+      const Piece& mine = r.pieces[shard_comm().rank()];
       if (mine.size() > 0) {
         torch::Tensor range = s.gradient.narrow(0, mine.begin - s.shard.offset, mine.size());
         range.add_(received.narrow(0, 0, mine.size()));
         // Hybrid: in the step's last backward this piece is final; its sum
         // over the replica groups runs behind the rest of backward.
-        if (last_micro_) groups_of_.start_sum_over_replicas(range);
+        if (last_micro_) shard_groups().start_sum_over_replicas(range);
       }
     }
   }
 
-  torch::Dtype reduce_dtype_;
   int64_t prefetch_;
-  int64_t shard_group_size_;
-  ShardGroups groups_of_;
   bool last_micro_ = false;
   std::unique_ptr<PendingReduction> reduction_;
   bool in_backward_pass_ = false;
   torch::Dtype compute_dtype_ = torch::kFloat32;
-  Comm* comm_ = nullptr;  // the shard group
   Model* model_ = nullptr;
-  AdamWConfig adamw_;
-  ShardedAdamW optimizer_;
   std::vector<Unit> units_;
   std::map<const void*, size_t> unit_of_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
@@ -463,15 +432,6 @@ constexpr KeySpec kKeys[] = {
     kShardGroupSizeKey,
 };
 
-Component* create(const Options& options, const Context&) { return new Zero3Strategy(options); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Strategy, "zero3", "0.1.0",
-                                           "ZeRO stage 3: parameters, gradients and AdamW state sharded",
-                                           TRAINER_TORCH_VERSION, kKeys, std::size(kKeys), &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Strategy, Zero3Strategy, "zero3", "0.1.0", "ZeRO stage 3: parameters, gradients and AdamW state sharded", kKeys)

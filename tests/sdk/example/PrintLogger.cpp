@@ -23,14 +23,6 @@ class PrintLogger final : public Logger {
 
 constexpr KeySpec kKeys[] = {{"every", ValueType::Int, "1", "print every this many steps", 1, 1e9}};
 
-Component* create(const Options& options, const Context&) { return new PrintLogger(options); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor d{kAbiVersion, PluginKind::Logger, "print", "1.0", "prints the loss",
-                                  TRAINER_TORCH_VERSION, kKeys, std::size(kKeys), &create};
-  return &d;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Logger, PrintLogger, "print", "1.0", "prints the loss", kKeys)

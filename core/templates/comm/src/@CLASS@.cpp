@@ -121,15 +121,6 @@ class @CLASS@ final : public Comm {
   uint64_t sequence_ = 0;
 };
 
-Component* create(const Options&, const Context&) { return new @CLASS@(); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Comm, "@NAME@", "0.1.0",
-                                           "CPU collectives through the rendezvous store", TRAINER_TORCH_VERSION,
-                                           nullptr, 0, &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Comm, @CLASS@, "@NAME@", "0.1.0", "CPU collectives through the rendezvous store", ::trainer::kNoKeys)

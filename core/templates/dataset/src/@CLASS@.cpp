@@ -50,15 +50,6 @@ constexpr KeySpec kKeys[] = {
     {"vocab_size", ValueType::Int, "64", "tokens count modulo this", 1, 1 << 30},
 };
 
-Component* create(const Options& options, const Context&) { return new @CLASS@(options); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Dataset, "@NAME@", "0.1.0",
-                                           "sequences that count up modulo the vocabulary", TRAINER_TORCH_VERSION,
-                                           kKeys, std::size(kKeys), &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Dataset, @CLASS@, "@NAME@", "0.1.0", "sequences that count up modulo the vocabulary", kKeys)

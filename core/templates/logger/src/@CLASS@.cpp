@@ -31,15 +31,6 @@ class @CLASS@ final : public Logger {
 // and for numbers the allowed range.
 constexpr KeySpec kKeys[] = {{"every", ValueType::Int, "1", "print every this many steps", 1, 1e9}};
 
-Component* create(const Options& options, const Context&) { return new @CLASS@(options); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Logger, "@NAME@", "0.1.0",
-                                           "prints the loss every few steps", TRAINER_TORCH_VERSION,
-                                           kKeys, std::size(kKeys), &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Logger, @CLASS@, "@NAME@", "0.1.0", "prints the loss every few steps", kKeys)

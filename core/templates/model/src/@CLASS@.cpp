@@ -12,7 +12,7 @@
 #include <torch/torch.h>
 
 #include "trainer/Model.h"
-#include "trainer/TorchCompat.h"
+#include "trainer/util/TorchCompat.h"
 
 namespace {
 
@@ -75,15 +75,6 @@ constexpr KeySpec kKeys[] = {
     {"initializer_range", ValueType::Float, "0.02", "standard deviation of the initial weights", 0, 10},
 };
 
-Component* create(const Options& options, const Context& context) { return new @CLASS@(options, context); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Model, "@NAME@", "0.1.0",
-                                           "a bigram language model", TRAINER_TORCH_VERSION,
-                                           kKeys, std::size(kKeys), &create};
-  return &descriptor;
-}
-
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Model, @CLASS@, "@NAME@", "0.1.0", "a bigram language model", kKeys)

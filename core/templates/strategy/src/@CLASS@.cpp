@@ -1,116 +1,61 @@
-// Strategy `@NAME@`: data parallelism in its plainest form. Every rank holds
-// the whole model, an fp32 gradient buffer per parameter group that
-// autograd accumulates into over the micro-steps, and the whole AdamW
-// state. At the step's end each buffer is all-reduced as a sum; every rank
-// then applies the same update.
+// Strategy `@NAME@`: data parallelism with the optimizer state sharded,
+// built on the SDK's ShardedStrategy. Every rank holds the whole model and
+// an fp32 gradient buffer per parameter group that autograd accumulates
+// into over the micro-steps. At the step's end each buffer is all-reduced
+// as a sum and each rank keeps its shard's part of it; ShardedStrategy
+// updates the shard (AdamW), all-gathers the parameters and provides the
+// slices that checkpoints are written from. A stage of your own changes
+// only this file's gradient path.
 //
 // The accumulation contract (`trainer check-plugin @NAME@` checks it): the
 // loss handed to backward() is already divided by the step's target tokens
 // over all micro-batches and ranks, so the strategy only sums: across
 // micro-steps (never overwriting) and across ranks (never averaging).
-#include <cmath>
-
-#include "trainer/FlatParameters.h"
 #include "trainer/Strategy.h"
+#include "trainer/sharding/ShardedStrategy.h"
 
 namespace {
 
 using namespace trainer;
 
-class @CLASS@ final : public Strategy {
+class @CLASS@ final : public ShardedStrategy {
  public:
+  explicit @CLASS@(const Options& options) : ShardedStrategy(options, "@NAME@") {}
+
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
-    comm_ = &comm;
-    adamw_ = env.adamw;
+    join(comm, env);
     // Flat fp32 master values per group (decay / no decay) on the device; the
-    // model's parameters become views of them (or of a bf16 copy).
-    groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/1, torch::kFloat32, env.compute_dtype);
-    for (ParameterGroup& group : groups_) {
-      grads_.push_back(torch::zeros_like(group.values));
-      bind_gradients(group, grads_.back());  // autograd adds each micro-step's gradient here, in fp32
-      states_.push_back(adamw_init(group.values));
-    }
+    // model's parameters become views of them (or of a bf16 copy), and their
+    // gradients views of an fp32 buffer that autograd adds every micro-step into.
+    keep_full_parameters(model, env);
+    keep_full_gradients();
   }
 
   void backward(const torch::Tensor& loss, const MicroStep&) override { loss.backward(); }
 
   double reduce_gradients_and_norm() override {
     torch::NoGradGuard no_grad;
-    double squares = 0.0;
-    for (torch::Tensor& grads : grads_) {
-      comm_->all_reduce_sum(grads);
-      squares += squared_norm(grads);
+    for (size_t g = 0; g < full_gradients().size(); ++g) {
+      torch::Tensor& grads = full_gradients()[g];
+      torch::Tensor summed = reduce_dtype() == torch::kFloat32 ? grads : grads.to(reduce_dtype());
+      shard_comm().all_reduce_sum(summed);  // a sum over ranks, never a mean
+      OptimizerShard& mine = optimizer().groups()[g];
+      mine.gradient.copy_(summed.narrow(0, mine.shard.offset, mine.shard.numel));
+      shard_groups().sum_over_replicas(mine.gradient);
     }
-    return std::sqrt(squares);
+    return ShardedStrategy::reduce_gradients_and_norm();  // the norm over every rank's shard
   }
-
-  void apply_update(const UpdateArgs& args) override {
-    torch::NoGradGuard no_grad;
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      ParameterGroup& group = groups_[g];
-      adamw_update(group.values, grads_[g], states_[g], adamw_, group.decay, args.lr, args.adam_step,
-                   args.grad_scale, separate_compute(group) ? group.compute : torch::Tensor());
-    }
-    discard_gradients();
-  }
-
-  void discard_gradients() override {
-    for (torch::Tensor& grads : grads_) grads.zero_();
-  }
-
-  MemoryReport memory() const override {
-    MemoryReport report;
-    for (const ParameterGroup& group : groups_) {
-      const int64_t fp32 = group.values.numel() * 4;
-      report.parameter_bytes += group.compute.numel() * group.compute.element_size();
-      report.gradient_bytes += fp32;
-      report.optimizer_bytes += 2 * fp32 + (separate_compute(group) ? fp32 : 0);
-    }
-    return report;
-  }
-
-  // This rank holds everything, so each slice is a whole group (offset 0).
-  std::vector<FlatSlice> gradient_slices() const override {
-    std::vector<FlatSlice> slices;
-    for (size_t g = 0; g < groups_.size(); ++g) slices.push_back({g, 0, grads_[g]});
-    return slices;
-  }
-
-  std::vector<FlatSlice> parameter_slices() const override {
-    std::vector<FlatSlice> slices;
-    for (size_t g = 0; g < groups_.size(); ++g) slices.push_back({g, 0, groups_[g].values});
-    return slices;
-  }
-
-  std::vector<StateSlice> state_slices() override {
-    std::vector<StateSlice> slices;
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      slices.push_back({g, 0, groups_[g].values, states_[g].exp_avg, states_[g].exp_avg_sq});
-    }
-    return slices;
-  }
-
-  void state_loaded() override {
-    for (ParameterGroup& group : groups_) sync_compute(group);
-  }
-
- private:
-  Comm* comm_ = nullptr;
-  AdamWConfig adamw_;
-  std::vector<ParameterGroup> groups_;
-  std::vector<torch::Tensor> grads_;
-  std::vector<AdamWState> states_;
 };
 
-Component* create(const Options&, const Context&) { return new @CLASS@(); }
-
-const PluginDescriptor* describe() {
-  static const PluginDescriptor descriptor{kAbiVersion, PluginKind::Strategy, "@NAME@", "0.1.0",
-                                           "all-reduce of whole fp32 gradients, full AdamW state on every rank",
-                                           TRAINER_TORCH_VERSION, nullptr, 0, &create};
-  return &descriptor;
-}
+// Each key: name, type, default (TOML), one line of help, and for numbers
+// the allowed range or for strings the choices.
+constexpr KeySpec kKeys[] = {
+    {"reduce_dtype", ValueType::String, "'fp32'", "dtype of the gradient all-reduce", -kNoLimit, kNoLimit,
+     "fp32|bf16"},
+    kShardGroupSizeKey,
+};
 
 }  // namespace
 
-TRAINER_PLUGIN(describe)
+TRAINER_DEFINE_PLUGIN(Strategy, @CLASS@, "@NAME@", "0.1.0",
+                      "all-reduce of whole fp32 gradients, AdamW state sharded across ranks", kKeys)

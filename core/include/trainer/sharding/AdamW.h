@@ -1,0 +1,60 @@
+// AdamW and gradient-norm arithmetic on flat fp32 buffers, shared by every
+// strategy so that they differ only in which slice each rank updates.
+#pragma once
+
+#include <cstdint>
+
+#include <vector>
+
+#include <torch/types.h>
+
+#include "trainer/Comm.h"
+#include "trainer/Strategy.h"
+
+namespace trainer {
+
+/// First and second moments, same shape and device as the parameters.
+struct AdamWState {
+  torch::Tensor exp_avg;
+  torch::Tensor exp_avg_sq;
+};
+
+AdamWState adamw_init(const torch::Tensor& like);
+
+/// One AdamW update of `params` in place, with torch.optim.AdamW's
+/// arithmetic: decoupled decay p *= 1 - lr*wd (only when `decay`), moments,
+/// bias correction by `step` (1-based), on the gradient times `grad_scale`
+/// (the clipping coefficient). `grads` may be scaled in place. Which code
+/// runs: fp32 on CUDA (LibTorch 2.x) without `compute`, LibTorch's fused
+/// AdamW kernel (one pass over parameters, gradients and moments); with a
+/// bf16 `compute`, the project's kernel (ops/AdamW.cu), which writes the
+/// bf16 copy in the same pass; plain fp32/fp64 CPU buffers, an element-wise
+/// loop in torch.optim.AdamW's order, compiled without multiply-add
+/// contraction; anything else, torch.optim.AdamW's single-tensor sequence of
+/// tensor operations. Each path is element-wise, so any slicing of a buffer
+/// into shards gives the same bits on that path; the paths need not agree
+/// with each other in the last place (the CUDA kernels may contract
+/// multiply-adds into FMAs). `compute`, when given (same number of
+/// elements), receives the updated parameters in its dtype: in the same
+/// pass on CUDA, otherwise as a copy after the update.
+void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& state, const AdamWConfig& config,
+                  bool decay, double lr, int64_t step, double grad_scale = 1.0,
+                  const torch::Tensor& compute = torch::Tensor());
+
+/// Sum of squares of a flat buffer, returned on the host: fp32 sums over
+/// fixed chunks of 2^16 elements added in fp64 (no fp64 copy of the buffer;
+/// relative error ~1e-7). The chunking depends only on the buffer, so equal
+/// buffers give equal bits. Strategies add these per buffer (and across
+/// ranks) to get the norm.
+double squared_norm(const torch::Tensor& flat);
+
+/// The L2 norm of a gradient sharded across ranks: each rank passes the
+/// parts it owns (disjoint across ranks, padding excluded); squares are
+/// summed in fp64 and all-reduced (contract, point 5). Collective.
+double sharded_norm(const std::vector<torch::Tensor>& owned, Comm& comm);
+
+/// torch.nn.utils.clip_grad_norm_'s coefficient: max_norm / (norm + 1e-6),
+/// capped at 1; 1 when max_norm <= 0 (clipping off).
+double clip_coefficient(double total_norm, double max_norm);
+
+}  // namespace trainer

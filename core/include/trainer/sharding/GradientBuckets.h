@@ -1,0 +1,56 @@
+// Buckets of whole parameters over flat parameter groups, in the order
+// backward produces their gradients (each group from its end backwards), and
+// the autograd hooks that tell a strategy when a bucket's gradients are
+// final: the building block of communication that overlaps backward (ddp's
+// all-reduce, zero2's reduce to each shard's owner).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "trainer/sharding/FlatParameters.h"
+
+namespace trainer {
+
+struct GradientBucket {
+  size_t group = 0;
+  int64_t begin = 0;          ///< its first element in the group's flat buffer
+  int64_t end = 0;            ///< one past its last
+  std::vector<size_t> slots;  ///< the group's parameters it holds, whole
+  int64_t numel() const { return end - begin; }
+};
+
+class GradientBuckets {
+ public:
+  using Callback = std::function<void(size_t bucket)>;
+
+  GradientBuckets();
+  /// Buckets of at most `bucket_numel` elements, or of one parameter larger
+  /// than that; bucket 0 holds the last parameters of the last group.
+  GradientBuckets(const std::vector<ParameterGroup>& groups, int64_t bucket_numel);
+
+  const std::vector<GradientBucket>& buckets() const { return buckets_; }
+
+  /// Hooks on every parameter's gradient accumulator (once; they live as
+  /// long as the model's autograd nodes). While armed, on the autograd
+  /// thread and one call at a time: first(b) right after the first of bucket
+  /// b's parameters has had its gradient accumulated in this backward, then
+  /// ready(b) once all of them have (both, in that order, for a bucket of
+  /// one). A parameter that takes no part in the backward never counts:
+  /// the strategy finishes such buckets after backward returns.
+  void hook(const std::vector<ParameterGroup>& groups, Callback first, Callback ready);
+
+  /// Arms the hooks for one backward, every count at zero, or disarms them.
+  void arm(bool armed);
+
+ private:
+  struct State;
+  std::vector<GradientBucket> buckets_;
+  std::shared_ptr<State> state_;  // shared with the hooks, so the block may move
+};
+
+}  // namespace trainer

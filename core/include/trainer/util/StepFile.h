@@ -1,0 +1,59 @@
+// The output file of a file logger (csv, jsonl, tensorboard): where it
+// lives, opened fresh or continued for a resumed run, whole records written
+// and flushed, a failed write reported by the file's name.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "trainer/Plugin.h"
+
+namespace trainer {
+
+/// `path` as a logger's key gives it: absolute, or relative to the run's
+/// output directory.
+std::filesystem::path run_path(const std::string& path, const Context& context);
+
+/// Which optimizer step a line of a logger's file records; nullopt for a
+/// line without one (a header, a crashed run's torn last line).
+using StepOfLine = std::function<std::optional<int64_t>(const std::string& line)>;
+
+/// For a file logger of a resumed run: rewrites `path` (atomically: into
+/// PATH.tmp, flushed, renamed over it) as `prefix` followed by the lines
+/// whose `step_of` is at most `last_step`; lines without a step and later
+/// steps are dropped, so every step appears once. A missing file is left
+/// alone. Throws InputError naming the file when the rewrite cannot be
+/// written; `path` then stays as it was.
+void keep_steps_until(const std::string& path, int64_t last_step, const std::string& prefix,
+                      const StepOfLine& step_of);
+
+/// One logger's file. Not thread-safe: loggers are called from the
+/// training thread only.
+class StepFile {
+ public:
+  /// A text file of one line per step for a run that starts at
+  /// `first_step`: a fresh run (first_step 0, or no file yet) truncates it
+  /// and writes `header` (may be empty); a resumed one keeps `header` and
+  /// the lines up to first_step (keep_steps_until with `step_of`) and
+  /// appends. InputError naming the file when it cannot be opened.
+  void open_lines(const std::filesystem::path& path, int64_t first_step, const std::string& header,
+                  const StepOfLine& step_of);
+  /// A new binary file, truncated. InputError naming it when it cannot be opened.
+  void open_binary(const std::filesystem::path& path);
+  /// Appends `bytes` and flushes, so that a crash leaves whole records;
+  /// TrainingError naming the file when the write fails.
+  void write(const std::string& bytes);
+  /// Flushes, if open (Logger::finish).
+  void finish();
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  std::ofstream out_;
+};
+
+}  // namespace trainer

@@ -1,0 +1,320 @@
+// Checkpoint writing, verification and loading (see Checkpoint.h).
+#include "checkpoint/Checkpoint.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <tuple>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "reproducible/ExactGradients.h"
+#include "util/Files.h"
+#include "checkpoint/Manifest.h"
+#include "trainer/Errors.h"
+#include "trainer/util/JsonSupport.h"
+#include "trainer/Log.h"
+#include "trainer/util/Safetensors.h"
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+using namespace manifest;
+using manifest::Range;
+
+namespace {
+
+const char* kStateNames[] = {"values", "exp_avg", "exp_avg_sq"};
+
+// File `reader`'s tensor of `state` for `group`: the ranges of the group it
+// holds, one after the other; its length is checked against them.
+torch::Tensor read_group(const SafetensorsReader& reader, size_t group, const char* state,
+                         const std::vector<Range>& ranges) {
+  const int64_t length = group_length(ranges, group);
+  if (length == 0) return torch::zeros({0});
+  const std::string name = fmt::format("group{}.{}", group, state);
+  torch::Tensor held = reader.read(name);
+  if (held.dim() != 1 || held.numel() != length) {
+    throw InputError(fmt::format("{}: tensor '{}' has {} elements, the manifest's ranges need {}", reader.path(), name,
+                                 held.numel(), length));
+  }
+  return held;
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(std::string root, int64_t keep, std::string fingerprint, std::string strategy_name)
+    : root_(std::move(root)),
+      keep_(keep),
+      fingerprint_(std::move(fingerprint)),
+      strategy_name_(std::move(strategy_name)) {}
+
+std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, const TrainingPosition& position) {
+  const int rank = comm.rank(), world = comm.world_size();
+  const fs::path final_dir = fs::path(root_) / fmt::format("step-{:08d}", position.step);
+  const fs::path temporary = fs::path(root_) / fmt::format("step-{:08d}.tmp", position.step);
+  if (rank == 0) {
+    remove_tree(temporary.string());
+    fs::create_directories(temporary);
+  }
+  comm.barrier();
+
+  // The ranges this rank writes (each element once, from one of the ranks
+  // that hold it), filled from the state it holds.
+  const std::vector<StateSlice> slices = strategy.state_slices();
+  const std::vector<int64_t> group_numel = group_sizes(model);  // covered: check_state_coverage at setup
+  const torch::Device device = slices.empty() ? torch::Device(torch::kCPU) : slices.front().values.device();
+  std::vector<Range> problems;
+  const std::vector<std::vector<Range>> written =
+      assign_writers(held_ranges(slices), comm, device, group_numel, &problems);
+  if (!problems.empty()) {
+    throw std::logic_error(fmt::format("strategy '{}': no rank holds elements [{}, {}) of group {} to save",
+                                       strategy_name_, problems[0].begin, problems[0].end, problems[0].group));
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  torch::NoGradGuard no_grad;
+  std::vector<FlatSlice> held[3];  // views of the values, then of each moment
+  for (const StateSlice& s : slices) {
+    held[0].push_back({s.group, s.offset, s.values});
+    held[1].push_back({s.group, s.offset, s.exp_avg});
+    held[2].push_back({s.group, s.offset, s.exp_avg_sq});
+  }
+  for (size_t g = 0; g < group_numel.size(); ++g) {
+    for (int k = 0; k < 3; ++k) {
+      torch::Tensor out = torch::zeros({group_length(written[rank], g)});
+      int64_t at = 0;
+      for (const Range& range : written[rank]) {
+        if (range.group != g) continue;
+        fill_range(held[k], range, out.narrow(0, at, range.size()));
+        at += range.size();
+      }
+      tensors.emplace_back(fmt::format("group{}.{}", g, kStateNames[k]), out);
+    }
+  }
+  const fs::path shard = temporary / fmt::format("rank-{:05d}.safetensors", rank);
+  write_safetensors(shard.string(), tensors);
+  if (const char* fault = std::getenv("TRAINER_FAULT_INJECT"); fault && std::string(fault) == "checkpoint-write") {
+    _exit(9);  // tests: die with a checkpoint half written
+  }
+  const Hash128 hash = file_xxh3(shard);
+  const torch::Tensor local = torch::tensor(
+      {static_cast<int64_t>(hash.high), static_cast<int64_t>(hash.low), static_cast<int64_t>(fs::file_size(shard))},
+      torch::kInt64);
+  torch::Tensor all = torch::zeros({3 * world}, torch::kInt64);
+  torch::Tensor all_device = all.to(device);
+  comm.all_gather(local.to(device), all_device);
+  all = all_device.cpu();
+
+  if (rank == 0) {
+    Json files = Json::array(), parameters = Json::array();
+    for (int r = 0; r < world; ++r) {
+      const Hash128 h{static_cast<uint64_t>(all[3 * r].item<int64_t>()),
+                      static_cast<uint64_t>(all[3 * r + 1].item<int64_t>())};
+      Json ranges = Json::array();
+      for (const Range& range : written[r]) ranges.push_back(Json::array({range.group, range.begin, range.end}));
+      files.push_back(Json{{"name", fmt::format("rank-{:05d}.safetensors", r)},
+                           {"xxh3_128", h.hex()},
+                           {"bytes", all[3 * r + 2].item<int64_t>()},
+                           {"ranges", ranges}});
+    }
+    for (const NamedParameter& p : model.parameters()) {
+      parameters.push_back(
+          Json{{"name", p.name}, {"numel", p.tensor.numel()}, {"shape", p.tensor.sizes().vec()}, {"decay", p.decay}});
+    }
+    Json manifest{{"format", kFormat},
+                  {"step", position.step},
+                  {"applied_updates", position.applied_updates},
+                  {"world_size", world},
+                  {"strategy", strategy_name_},
+                  {"fingerprint", fingerprint_},
+                  {"sampler", fmt::format("a function of (seed, step): resumes at step {}", position.step)},
+                  {"rng", "none used by training"},
+                  {"group_numel", group_numel},
+                  {"files", files},
+                  {"parameters", parameters}};
+    if (!position.gradient_exponents.empty()) {
+      Json exponents = Json::array();
+      for (const int64_t e : position.gradient_exponents) {
+        exponents.push_back(e == ExactGradients::kUnknown ? Json(nullptr) : Json(e));
+      }
+      manifest["gradient_exponents"] = exponents;
+    }
+    const std::string manifest_text = manifest.dump(1) + "\n";
+    write_file_atomically(temporary / "manifest.json", manifest_text);
+    write_file_atomically(temporary / "manifest.xxh3", text_xxh3(manifest_text) + "\n");
+    if (const std::string config = model.hf_config(); !config.empty())
+      write_file_atomically(temporary / "config.json", config);
+    fsync_path(temporary);
+    remove_tree(final_dir.string());
+    fs::rename(temporary, final_dir);
+    fsync_path(root_);
+    // Keep the newest `keep` complete checkpoints.
+    std::vector<fs::path> complete;
+    for (const auto& entry : fs::directory_iterator(root_)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("step-", 0) == 0 && entry.path().extension() != ".tmp") complete.push_back(entry.path());
+    }
+    std::sort(complete.begin(), complete.end());
+    for (size_t i = 0; i + static_cast<size_t>(keep_) < complete.size(); ++i) remove_tree(complete[i].string());
+  }
+  comm.barrier();
+  return final_dir.string();
+}
+
+void Checkpointer::verify(const std::string& dir) {
+  const Json manifest = trainer::manifest::read(dir);
+  const fs::path file = fs::path(dir) / "manifest.json";
+  for (const Json& f : member(manifest, "files", file)) {
+    const fs::path shard = fs::path(dir) / member(f, "name", file).get<std::string>();
+    if (!fs::exists(shard)) throw InputError(fmt::format("{}: missing (listed in {})", shard.string(), file.string()));
+    const int64_t bytes = static_cast<int64_t>(fs::file_size(shard));
+    if (bytes != member(f, "bytes", file).get<int64_t>()) {
+      throw InputError(fmt::format("{}: {} bytes, the manifest says {} (truncated?)", shard.string(), bytes,
+                                   member(f, "bytes", file).get<int64_t>()));
+    }
+    const bool old_format = member(manifest, "format", file).get<std::string>() == kFormat1;
+    const char* key = old_format ? "fnv1a" : "xxh3_128";
+    const std::string hash = old_format ? fmt::format("{:016x}", file_fnv1a(shard)) : file_xxh3(shard).hex();
+    if (hash != member(f, key, file).get<std::string>()) {
+      throw InputError(fmt::format("{}: checksum {} differs from the manifest's {} (the file is corrupt)",
+                                   shard.string(), hash, member(f, key, file).get<std::string>()));
+    }
+  }
+}
+
+std::string Checkpointer::resolve(const std::string& resume) const {
+  if (resume.empty()) return "";
+  if (resume != "auto") {
+    verify(resume);
+    return resume;
+  }
+  std::vector<fs::path> candidates;
+  std::error_code error;
+  if (fs::is_directory(root_, error)) {
+    for (const auto& entry : fs::directory_iterator(root_)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("step-", 0) != 0) continue;
+      if (entry.path().extension() == ".tmp") {
+        log::warn(fmt::format("{}: an incomplete checkpoint (a run stopped while writing it); ignored",
+                              entry.path().string()));
+        continue;
+      }
+      candidates.push_back(entry.path());
+    }
+  }
+  std::sort(candidates.rbegin(), candidates.rend());
+  for (const fs::path& candidate : candidates) {
+    try {
+      verify(candidate.string());
+      return candidate.string();
+    } catch (const InputError& bad) {
+      log::warn(fmt::format("checkpoint {} is not usable ({}); trying an older one", candidate.string(), bad.what()));
+    }
+  }
+  // Starting over would overwrite them (and the metrics they belong to).
+  if (!candidates.empty()) {
+    throw InputError(
+        fmt::format("checkpoint.resume = 'auto': none of the {} checkpoints under {} verifies (see the "
+                    "warnings above); repair or move them, or point checkpoint.dir elsewhere",
+                    candidates.size(), root_));
+  }
+  return "";
+}
+
+std::vector<torch::Tensor> checkpoint_state(const std::string& dir, const char* name) {
+  const Json manifest = trainer::manifest::read(dir);
+  const fs::path file = fs::path(dir) / "manifest.json";
+  const std::vector<std::vector<Range>> ranges = manifest::file_ranges(manifest, file);
+  std::vector<torch::Tensor> out;
+  for (const Json& n : member(manifest, "group_numel", file)) out.push_back(torch::zeros({n.get<int64_t>()}));
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    const SafetensorsReader reader(
+        (fs::path(dir) / member(member(manifest, "files", file)[r], "name", file).get<std::string>()).string());
+    for (size_t g = 0; g < out.size(); ++g) {
+      const torch::Tensor held = read_group(reader, g, name, ranges[r]);
+      int64_t at = 0;
+      for (const Range& range : ranges[r]) {
+        if (range.group != g) continue;
+        out[g].narrow(0, range.begin, range.size()).copy_(held.narrow(0, at, range.size()));
+        at += range.size();
+      }
+    }
+  }
+  return out;
+}
+
+TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm) {
+  const Json manifest = trainer::manifest::read(dir);
+  const fs::path file = fs::path(dir) / "manifest.json";
+  if (member(manifest, "fingerprint", file).get<std::string>() != fingerprint_) {
+    throw InputError(
+        fmt::format("{}: written by a run with another model, dataset, optimizer or global batch size; "
+                    "resume only what the checkpoint was made of",
+                    file.string()));
+  }
+  const std::vector<NamedParameter> params = model.parameters();
+  const Json& saved = member(manifest, "parameters", file);
+  bool same = saved.size() == params.size();
+  for (size_t i = 0; same && i < params.size(); ++i) {
+    same =
+        member(saved[i], "name", file) == params[i].name && member(saved[i], "numel", file) == params[i].tensor.numel();
+  }
+  if (!same) throw InputError(fmt::format("{}: the model's parameters differ from the checkpoint's", file.string()));
+  const int saved_world = static_cast<int>(member(manifest, "world_size", file).get<int64_t>());
+  const std::vector<std::vector<Range>> ranges = manifest::file_ranges(manifest, file);
+  std::vector<std::unique_ptr<SafetensorsReader>> readers;
+  for (const Json& f : member(manifest, "files", file)) {
+    readers.push_back(
+        std::make_unique<SafetensorsReader>((fs::path(dir) / member(f, "name", file).get<std::string>()).string()));
+  }
+  torch::NoGradGuard no_grad;
+  for (StateSlice& s : strategy.state_slices()) {
+    for (int k = 0; k < 3; ++k) {
+      torch::Tensor& target = k == 0 ? s.values : (k == 1 ? s.exp_avg : s.exp_avg_sq);
+      for (size_t r = 0; r < ranges.size(); ++r) {
+        torch::Tensor held;  // read once the file turns out to hold some of the slice
+        int64_t at = 0;
+        for (const Range& range : ranges[r]) {
+          int64_t begin = 0, end = 0;
+          if (overlap(s, target.numel(), range, &begin, &end)) {
+            if (!held.defined()) held = read_group(*readers[r], s.group, kStateNames[k], ranges[r]);
+            target.narrow(0, begin - s.offset, end - begin)
+                .copy_(held.narrow(0, at + begin - range.begin, end - begin));
+          }
+          if (range.group == s.group) at += range.size();
+        }
+      }
+    }
+  }
+  strategy.state_loaded();
+  comm.barrier();
+  TrainingPosition position;
+  position.step = member(manifest, "step", file).get<int64_t>();
+  position.applied_updates = member(manifest, "applied_updates", file).get<int64_t>();
+  if (const auto found = manifest.find("gradient_exponents"); found != manifest.end()) {
+    if (!found->is_array() || found->size() != params.size()) {
+      throw InputError(
+          fmt::format("{}: 'gradient_exponents' must be an array of one integer (or null) per "
+                      "parameter, {} of them",
+                      file.string(), params.size()));
+    }
+    for (const Json& e : *found) {
+      // Scales beyond 2^±1100 fit no fp32 gradient: a damaged or foreign manifest.
+      if (!e.is_null() && (!e.is_number_integer() || e.get<int64_t>() < -1100 || e.get<int64_t>() > 1100)) {
+        throw InputError(fmt::format("{}: 'gradient_exponents' holds {}; expected an integer in [-1100, 1100] or null",
+                                     file.string(), e.dump()));
+      }
+      position.gradient_exponents.push_back(e.is_null() ? ExactGradients::kUnknown : e.get<int64_t>());
+    }
+  }
+  log::info(fmt::format("resumed from {} (step {}, written by {} at world size {})", dir, position.step,
+                        member(manifest, "strategy", file).get<std::string>(), saved_world));
+  return position;
+}
+
+}  // namespace trainer

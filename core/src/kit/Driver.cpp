@@ -1,0 +1,227 @@
+// The conformance kit's driver: the splits, one split's worker (the checks
+// of Checks.h in order, its row written), and `trainer check-plugin`, which
+// spawns each split's workers and prints the table. Why the fixture makes
+// the checks sharp: micro-batches of every split differ by at least 20x in
+// target tokens (Reference.h), so averaging per micro-batch, dropping
+// micro-batches or dividing twice all move the gradient far beyond rounding.
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "distributed/Rendezvous.h"
+#include "kit/Checks.h"
+#include "kit/Conformance.h"
+#include "kit/Reference.h"
+#include "tools/Metrics.h"
+#include "trainer/sharding/ShardGroups.h"
+#include "util/Files.h"
+#include "trainer/Errors.h"
+#include "trainer/util/JsonSupport.h"
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+using namespace kit;
+
+std::string Split::text() const {
+  return shard_group > 0 ? fmt::format("{}x{}x{}g{}", micro, accum, world, shard_group)
+                         : fmt::format("{}x{}x{}", micro, accum, world);
+}
+
+std::string Split::argument() const {
+  return shard_group > 0 ? fmt::format("{},{},{},{}", micro, accum, world, shard_group)
+                         : fmt::format("{},{},{}", micro, accum, world);
+}
+
+std::string Split::options() const {
+  return shard_group > 0 ? fmt::format("shard_group_size = {}\n", shard_group) : "";
+}
+
+Split parse_split(const std::string& text) {
+  Split s;
+  char extra = 0;
+  const int fields = std::sscanf(text.c_str(), "%ld,%ld,%d,%d%c", &s.micro, &s.accum, &s.world, &s.shard_group, &extra);
+  if ((fields != 3 && fields != 4) || s.micro < 1 || s.accum < 1 || s.world < 1 ||
+      s.micro * s.accum * s.world != kGlobalBatch || (fields == 4 && (s.shard_group < 1 || s.world % s.shard_group))) {
+    throw InputError(fmt::format(
+        "--split {}: expected micro,accum,world with micro x accum x world = {}, or micro,accum,world,shard_group_size "
+        "with a shard group size that divides the world size",
+        text, kGlobalBatch));
+  }
+  return s;
+}
+
+std::vector<Split> default_splits(const LoadedPlugin& strategy) {
+  std::vector<Split> splits = {{8, 1, 1}, {2, 4, 1}, {1, 8, 1}, {4, 1, 2}, {2, 2, 2}, {1, 2, 4}};
+  for (size_t k = 0; k < strategy.descriptor->num_keys; ++k) {
+    if (std::string(strategy.descriptor->keys[k].name) == kShardGroupSizeKey.name) {
+      splits.push_back({1, 2, 4, 2});
+      splits.push_back({2, 2, 2, 1});
+    }
+  }
+  return splits;
+}
+
+void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& request, const Split& split,
+                            const WorldInfo& world, const std::string& rank_report) {
+  const torch::Device device = request.device == "cuda" ? torch::Device(torch::kCUDA, world.local_rank) : torch::kCPU;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(request.timeout_s * 1000));
+  std::unique_ptr<Comm> comm = connect_world(registry, request.backend, world, timeout, device,
+                                             request.strategy + "/" + split.text(), request.backend_at_one_rank);
+  Context context;
+  context.rank = world.rank;
+  context.world_size = world.world_size;
+  const KitRun run{registry, registry.find(PluginKind::Strategy, request.strategy), *comm, device, split, world,
+                   context};
+
+  ConformanceRow row;
+  row.split = split.text();
+  row.rank = world.rank;
+  Reference reference(registry, device);
+  const Fixture first = fixture(0);
+  const double reference_norm = reference.gradient(first);
+  check_gradient(run, reference, first, reference_norm, row);
+  check_reproducible(run, reference, first, row);
+  {
+    // Parameters after 5 AdamW steps with clipping at a tenth of the raw norm.
+    const double max_norm = 0.1 * reference_norm;
+    const Trained trained = train_against_reference(run, max_norm);
+    check_parameters(trained, row);
+    check_identical_to_ddp(run, trained, max_norm, row);
+    check_final_weights(run, trained, row);
+    check_checkpoints(run, trained, (fs::path(rank_report).parent_path() / "checkpoints").string(),
+                      request.load_checkpoint, row);
+  }
+  row.bf16_error = row.bf16_bound = -1;
+  if (request.bf16 && world.world_size == 1) check_bf16_accumulation(run, row);
+
+  const Json report{{"rank", row.rank},
+                    {"grad_error", row.grad_error},
+                    {"norm_error", row.norm_error},
+                    {"param_error", row.param_error},
+                    {"masked", row.masked},
+                    {"identical_to_ddp", row.identical_to_ddp},
+                    {"bf16_error", row.bf16_error},
+                    {"bf16_bound", row.bf16_bound},
+                    {"checkpoint_saved", row.checkpoint_saved},
+                    {"checkpoint_loaded", row.checkpoint_loaded},
+                    {"final_weights_error", row.final_weights_error},
+                    {"reproducible_error", row.reproducible_error},
+                    {"reproducible_hash", row.reproducible_hash}};
+  std::ofstream(rank_report) << report.dump() << "\n";
+}
+
+int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, const std::string& executable) {
+  const LoadedPlugin& plugin = registry.find(PluginKind::Strategy, request.strategy);
+  const fs::path scratch = fs::temp_directory_path() / fmt::format("trainer-conformance-{}", getpid());
+  fs::create_directories(scratch);
+  std::ofstream report;
+  if (!request.report.empty()) report.open(request.report, std::ios::trunc);
+  fmt::print("conformance of strategy '{}' ({})\n{:<8} {:>4} {:>12} {:>12} {:>12} {:>8} {:>8}  result\n",
+             plugin.descriptor->name, plugin.file, "split", "rank", "grad err", "norm err", "param err", "masked",
+             "=ddp");
+  bool all_pass = true;
+  double reproducible_hash = -1;    // every split and rank must report the first one's
+  std::string previous_checkpoint;  // each split loads the one the split before it wrote
+  for (const Split& split : request.splits) {
+    const fs::path dir = scratch / split.text();
+    fs::create_directories(dir);
+    ConformanceRequest this_split = request;
+    this_split.load_checkpoint = previous_checkpoint;
+    const fs::path checkpoint = dir / "checkpoints" / fmt::format("step-{:08d}", kSteps);
+    if (split.world == 1) {
+      run_conformance_worker(registry, this_split, split, WorldInfo{}, (dir / "rank0.jsonl").string());
+    } else {
+      // Workers find plugins where this process found them (a third party's
+      // strategy is often known only through --plugin-dir).
+      std::vector<std::string> args = {executable};
+      for (const std::string& plugin_dir : request.plugin_dirs) args.insert(args.end(), {"--plugin-dir", plugin_dir});
+      args.insert(args.end(), {"check-plugin", request.strategy, "--split", split.argument(), "--device",
+                               request.device, "--backend", request.backend, "--timeout",
+                               fmt::format("{}", request.timeout_s), "--rank-report", dir.string()});
+      if (!previous_checkpoint.empty()) args.insert(args.end(), {"--load-checkpoint", previous_checkpoint});
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      const int code = launch_local_workers(static_cast<int>(args.size()), argv.data(), split.world, request.timeout_s);
+      if (code != 0) {
+        fmt::print("{:<8} workers failed (exit code {})  FAIL\n", split.text(), code);
+        all_pass = false;
+        previous_checkpoint.clear();
+        continue;
+      }
+    }
+    const std::string loaded_from = previous_checkpoint;
+    previous_checkpoint = fs::exists(checkpoint) ? checkpoint.string() : "";
+    for (int rank = 0; rank < split.world; ++rank) {
+      const std::vector<MetricsRow> rows = read_metrics((dir / fmt::format("rank{}.jsonl", rank)).string());
+      const MetricsRow& r = rows.at(0);
+      const bool pass = r.at("grad_error") <= kGradTolerance && r.at("norm_error") <= kGradTolerance &&
+                        r.at("param_error") <= kParamTolerance && r.at("identical_to_ddp") != 0 &&
+                        r.at("bf16_error") <= r.at("bf16_bound") && r.at("checkpoint_saved") == 1 &&
+                        r.at("checkpoint_loaded") != 0 && r.at("final_weights_error") <= kParamTolerance;
+      if (reproducible_hash < 0) reproducible_hash = r.at("reproducible_hash");
+      const bool reproducible = r.at("reproducible_error") >= 0 && r.at("reproducible_error") <= kGradTolerance &&
+                                r.at("reproducible_hash") == reproducible_hash;
+      all_pass = all_pass && pass && reproducible;
+      const double identical = r.at("identical_to_ddp");
+      fmt::print("{:<8} {:>4} {:>12.3e} {:>12.3e} {:>12.3e} {:>7.3f}% {:>8}  {}\n", split.text(), rank,
+                 r.at("grad_error"), r.at("norm_error"), r.at("param_error"), 100 * r.at("masked"),
+                 identical < 0 ? "-" : (identical > 0 ? "bits" : "DIFFER"), pass ? "pass" : "FAIL");
+      if (r.at("bf16_bound") >= 0) {
+        fmt::print("{:<8} {:>4} bf16 x16 accumulation error {:.3e}, fp32-accumulation bound {:.3e}  {}\n", split.text(),
+                   rank, r.at("bf16_error"), r.at("bf16_bound"),
+                   r.at("bf16_error") <= r.at("bf16_bound") ? "pass" : "FAIL");
+      }
+      if (rank == 0 || r.at("checkpoint_saved") != 1 || r.at("checkpoint_loaded") == 0) {
+        const double loaded = r.at("checkpoint_loaded");
+        fmt::print("{:<8} {:>4} final weights err {:.3e}; checkpoint saved {}, {}  {}\n", split.text(), rank,
+                   r.at("final_weights_error"), r.at("checkpoint_saved") == 1 ? "bit for bit" : "WRONG",
+                   loaded < 0 ? std::string("nothing to load")
+                              : fmt::format("{} loaded {}",
+                                            fs::path(loaded_from).parent_path().parent_path().filename().string(),
+                                            loaded > 0 ? "bit for bit" : "WRONG"),
+                   pass ? "pass" : "FAIL");
+      }
+      if (rank == 0 || !reproducible) {
+        const double hash = r.at("reproducible_hash");
+        fmt::print(
+            "{:<8} {:>4} reproducible: grad err {:.3e}, gradient {} ({} the first split's)  {}\n", split.text(), rank,
+            r.at("reproducible_error"),
+            hash < 0 ? std::string("none: the mode stopped") : fmt::format("{:013x}", static_cast<uint64_t>(hash)),
+            hash == reproducible_hash ? "bits of" : "DIFFERS from", reproducible ? "pass" : "FAIL");
+      }
+      if (report.is_open()) {
+        const Json line{{"split", split.text()},
+                        {"micro", split.micro},
+                        {"accum", split.accum},
+                        {"world", split.world},
+                        {"rank", rank},
+                        {"grad_error", r.at("grad_error")},
+                        {"norm_error", r.at("norm_error")},
+                        {"param_error", r.at("param_error")},
+                        {"masked", r.at("masked")},
+                        {"identical_to_ddp", r.at("identical_to_ddp")},
+                        {"bf16_error", r.at("bf16_error")},
+                        {"bf16_bound", r.at("bf16_bound")},
+                        {"checkpoint_saved", r.at("checkpoint_saved")},
+                        {"checkpoint_loaded", r.at("checkpoint_loaded")},
+                        {"final_weights_error", r.at("final_weights_error")},
+                        {"reproducible_error", r.at("reproducible_error")},
+                        {"reproducible_identical", r.at("reproducible_hash") == reproducible_hash ? 1 : 0},
+                        {"pass", pass && reproducible}};
+        report << line.dump() << "\n";
+      }
+    }
+  }
+  remove_tree(scratch.string());
+  fmt::print("tolerances: gradient and norm {:.0e}, parameter change {:.0e}; {}\n", kGradTolerance, kParamTolerance,
+             all_pass ? "all pass" : "FAILED");
+  return all_pass ? 0 : 1;
+}
+
+}  // namespace trainer

@@ -1,0 +1,45 @@
+// Causal attention: LibTorch's fused SDPA kernels on 2.x, the explicit
+// softmax form on 1.13 (which has none).
+#include "trainer/ops/Attention.h"
+
+#include <cmath>
+#include <limits>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <torch/version.h>
+
+#include "trainer/Log.h"
+
+namespace trainer::ops {
+
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  const bool grouped = q.size(1) != k.size(1);
+  static std::once_flag logged;
+  if (q.is_cuda()) {
+    std::call_once(logged, [&] {
+      static const char* const names[] = {"math", "flash", "memory-efficient", "cuDNN"};
+      const int64_t choice = at::_fused_sdp_choice(q, k, v, {}, 0.0, true, c10::nullopt, grouped);
+      log::info(fmt::format("attention: {} kernel (SDPA, {} heads, {} key/value heads, head dim {})",
+                            choice >= 0 && choice < 4 ? names[choice] : "another", q.size(1), k.size(1), q.size(3)));
+    });
+  }
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                          /*scale=*/c10::nullopt, /*enable_gqa=*/grouped);
+#else
+  if (q.size(1) != k.size(1)) {
+    const int64_t groups = q.size(1) / k.size(1);
+    return causal_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1));
+  }
+  const int64_t seq = q.size(-2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * scale;
+  const torch::Tensor future =
+      torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+  scores.masked_fill_(future, -std::numeric_limits<double>::infinity());
+  return torch::matmul(torch::softmax(scores, -1), v);
+#endif
+}
+
+}  // namespace trainer::ops

@@ -1,0 +1,26 @@
+// Key functions of the SDK's interfaces: defining them here makes
+// libtrainer_core.so the one home of their vtables and typeinfo.
+#include "trainer/Comm.h"
+#include "trainer/Dataset.h"
+#include "trainer/Errors.h"
+#include "trainer/Logger.h"
+#include "trainer/Model.h"
+#include "trainer/Strategy.h"
+
+namespace trainer {
+
+Model::~Model() = default;
+torch::Tensor Model::logits(const torch::Tensor&) { throw InputError("this model plugin does not provide logits()"); }
+UnitHooks::~UnitHooks() = default;
+Dataset::~Dataset() = default;
+Logger::~Logger() = default;
+Strategy::~Strategy() = default;
+Comm::~Comm() = default;
+std::unique_ptr<Comm> Comm::split(int, int) {
+  throw TrainingError(
+      "this communication backend offers no sub-groups (Comm::split), which hybrid sharding "
+      "(strategy.shard_group_size) needs: use distributed.backend = 'gloo' or 'nccl'");
+}
+CommWork::~CommWork() = default;
+
+}  // namespace trainer

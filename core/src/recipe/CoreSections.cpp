@@ -1,0 +1,93 @@
+// The keys of the core's own recipe sections: [run], [training],
+// [optimizer], [lr_schedule], [distributed], [checkpoint].
+#include "recipe/Recipe.h"
+
+namespace trainer {
+
+namespace {
+
+using VT = ValueType;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+constexpr KeySpec kRunKeys[] = {
+    {"name", VT::String, "'run'", "name of the run, shown by loggers"},
+    {"seed", VT::Int, "0", "seed of parameter init, data and sampling", 0, 9.0e15},
+    {"output_dir", VT::String, "''", "where recipe.toml and metrics.jsonl go; '' means runs/<name>"},
+    {"device", VT::String, "'cpu'", "compute device", -kInf, kInf, "cpu|cuda"},
+    {"peak_tflops", VT::Float, "0",
+     "per-rank peak TFLOP/s that MFU is relative to; 0: measured at start on CUDA (a bf16 or fp32 matmul), "
+     "no MFU on the CPU",
+     0, 1e9},
+    {"profile_start", VT::Int, "0",
+     "first step (1-based) recorded with the PyTorch profiler into <output_dir>/profile/trace.json "
+     "(a Chrome trace: host operators and CUDA kernels); 0: off",
+     0, 1e12},
+    {"profile_steps", VT::Int, "1", "steps recorded from run.profile_start", 1, 1000},
+};
+constexpr KeySpec kTrainingKeys[] = {
+    {"steps", VT::Int, "100", "optimizer steps to run", 1, 1e12},
+    {"micro_batch_size", VT::Int, "8", "samples per micro-step on each rank", 1, 1 << 20},
+    {"grad_accum_steps", VT::Int, "1", "micro-steps per optimizer step", 1, 1 << 20},
+    {"global_batch_size", VT::Int, "0", "samples per optimizer step; when set, grad_accum_steps is derived from it", 0,
+     1 << 30},
+    {"precision", VT::String, "'fp32'",
+     "compute precision; bf16 keeps fp32 master weights, optimizer state and gradient accumulation", -kInf, kInf,
+     "fp32|bf16"},
+    {"max_grad_norm", VT::Float, "1.0", "clip the global gradient norm to this; 0 turns clipping off", 0, kInf},
+    {"on_nonfinite", VT::String, "'error'",
+     "a non-finite gradient norm stops the run (error) or skips the update (skip)", -kInf, kInf, "error|skip"},
+    {"reproducible", VT::Bool, "false",
+     "the same bits whatever the micro-batch size, accumulation steps, world size and strategy: one sample per "
+     "forward and backward, deterministic kernels, gradients summed exactly in fixed point (README: cost)"},
+    {"reproducible_atom", VT::Int, "1",
+     "reproducible mode: samples per forward and backward; splits whose micro_batch_size is a multiple of it "
+     "train the same bits (1: every split; larger: fewer, faster launches)",
+     1, 1 << 20},
+};
+constexpr KeySpec kOptimizerKeys[] = {
+    {"name", VT::String, "'adamw'", "optimizer", -kInf, kInf, "adamw"},
+    {"lr", VT::Float, "1e-3", "peak learning rate", 0, kInf},
+    {"beta1", VT::Float, "0.9", "first-moment decay", 0, 0.999999999},
+    {"beta2", VT::Float, "0.999", "second-moment decay", 0, 0.999999999},
+    {"eps", VT::Float, "1e-8", "added to the denominator", 0, kInf},
+    {"weight_decay", VT::Float, "0.0", "decoupled weight decay of matrices (not biases or norms)", 0, kInf},
+};
+constexpr KeySpec kScheduleKeys[] = {
+    {"name", VT::String, "'constant'", "shape after warmup", -kInf, kInf, "constant|linear|cosine"},
+    {"warmup_steps", VT::Int, "0", "linear warmup from lr/warmup_steps to lr", 0, 1e12},
+    {"min_lr", VT::Float, "0.0", "learning rate at the last step (linear, cosine)", 0, kInf},
+};
+constexpr KeySpec kDistributedKeys[] = {
+    {"backend", VT::String, "'gloo'",
+     "communication plugin (a comm plugin's name or .so file) when world size > 1: gloo (CPU), nccl (CUDA), or "
+     "another"},
+    {"nproc", VT::Int, "1", "local worker processes `trainer run` starts (ignored under an external launcher)", 1,
+     4096},
+    {"timeout_s", VT::Float, "300", "a collective or peer silent this long ends the job", 1, kInf},
+};
+
+constexpr KeySpec kCheckpointKeys[] = {
+    {"interval", VT::Int, "0", "write a checkpoint every this many optimizer steps; 0: only when stopped by a signal",
+     0, 1e12},
+    {"keep", VT::Int, "2", "newest checkpoints kept", 1, 1e6},
+    {"resume", VT::String, "''", "'' (start fresh), 'auto' (the newest valid checkpoint, if any) or a checkpoint path"},
+    {"dir", VT::String, "''", "where checkpoints go; '' means <output_dir>/checkpoints"},
+};
+
+template <size_t N>
+SectionSpec section(const char* name, const KeySpec (&keys)[N], Options Recipe::*options) {
+  return SectionSpec{name, keys, N, options};
+}
+
+}  // namespace
+
+std::vector<SectionSpec> core_sections() {
+  return {section("run", kRunKeys, &Recipe::run),
+          section("training", kTrainingKeys, &Recipe::training),
+          section("optimizer", kOptimizerKeys, &Recipe::optimizer),
+          section("lr_schedule", kScheduleKeys, &Recipe::lr_schedule),
+          section("distributed", kDistributedKeys, &Recipe::distributed),
+          section("checkpoint", kCheckpointKeys, &Recipe::checkpoint)};
+}
+
+}  // namespace trainer

@@ -1,0 +1,167 @@
+// Fixed-point gradient accumulation for reproducible mode (see ExactGradients.h).
+#include "reproducible/ExactGradients.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "ops/Dispatch.h"
+#include "trainer/Errors.h"
+
+namespace trainer {
+
+namespace {
+
+int ceil_log2(int64_t n) {
+  int bits = 0;
+  while ((int64_t(1) << bits) < n) ++bits;
+  return bits;
+}
+
+}  // namespace
+
+ExactGradients::ExactGradients(Model& model, int64_t atoms, torch::Device device)
+    : parameters_(model.parameters()), bits_(61 - ceil_log2(std::max<int64_t>(1, atoms))) {
+  int64_t total = 0;
+  for (const NamedParameter& p : parameters_) {
+    offsets_.push_back(total);
+    total += p.tensor.numel();
+  }
+  accumulator_ = torch::zeros({total}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  largest_ = torch::zeros({static_cast<int64_t>(parameters_.size())},
+                          torch::TensorOptions().dtype(torch::kFloat64).device(device));
+  exponents_.assign(parameters_.size(), kUnknown);
+  pending_.assign(parameters_.size(), kUnknown);
+  calls_.assign(parameters_.size(), 0);
+  // Tensor hooks run before the gradient is accumulated into .grad (or into
+  // whatever buffer a strategy bound), once per backward with the sum of
+  // every use of the parameter in the graph.
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    hook_handles_.push_back(parameters_[i].tensor.register_hook([this, i](const torch::Tensor& g) { add(i, g); }));
+  }
+}
+
+ExactGradients::~ExactGradients() {
+  for (size_t i = 0; i < parameters_.size(); ++i) parameters_[i].tensor.remove_hook(hook_handles_[i]);
+}
+
+void ExactGradients::begin_pass(int64_t local_atoms) {
+  local_atoms_ = local_atoms;
+  accumulator_.zero_();
+  largest_.zero_();
+  calls_.assign(parameters_.size(), 0);
+  nonfinite_ = false;
+  armed_ = true;
+}
+
+void ExactGradients::add(size_t parameter, const torch::Tensor& gradient) {
+  if (!armed_ || !gradient.defined()) return;
+  torch::NoGradGuard no_grad;
+  ++calls_[parameter];
+  // Widening fp32 or bf16 to fp64 and scaling by a power of two are exact;
+  // the one rounding is round() (half to even), the same wherever g lands.
+  const int64_t exponent = exponents_[parameter];
+  const double limit = std::ldexp(1.0, bits_);
+#ifdef TRAINER_CUDA_KERNELS
+  if (ops::use_kernels(gradient)) {
+    const torch::Tensor g = gradient.detach().contiguous();
+    ops::kernels::fixed_point_add(ops::kernel_dtype(g), g.data_ptr(),
+                                  accumulator_.data_ptr<int64_t>() + offsets_[parameter], g.numel(),
+                                  exponent == kUnknown ? 1.0 : std::ldexp(1.0, static_cast<int>(exponent)), limit,
+                                  exponent != kUnknown, largest_.data_ptr<double>() + parameter, ops::current_stream());
+    ops::check_launch("fixed_point_add");
+    return;
+  }
+#endif
+  const torch::Tensor wide = gradient.detach().to(torch::kFloat64).reshape({-1});
+  torch::Tensor largest = largest_.narrow(0, static_cast<int64_t>(parameter), 1);
+  largest.copy_(torch::maximum(largest, wide.abs().max().reshape({1})));
+  if (exponent == kUnknown) return;  // this pass only measures M_p
+  // Clamped so that an out-of-range value (the pass is then not accepted) never
+  // reaches the integer conversion.
+  const torch::Tensor q =
+      (wide * std::ldexp(1.0, static_cast<int>(exponent))).round_().clamp_(-limit, limit).to(torch::kInt64);
+  accumulator_.narrow(0, offsets_[parameter], q.numel()).add_(q);
+}
+
+bool ExactGradients::end_pass(Comm& comm) {
+  armed_ = false;
+  const int64_t count = static_cast<int64_t>(parameters_.size());
+  torch::Tensor everyone = largest_;
+  if (comm.world_size() > 1) {
+    // Max over ranks, from an all-gather: exact, whatever the order.
+    everyone = torch::zeros({count * comm.world_size()}, largest_.options());
+    comm.all_gather(largest_, everyone);
+  }
+  everyone = everyone.cpu().view({comm.world_size(), count});
+  const auto all = everyone.accessor<double, 2>();
+  bool accepted = true;
+  for (int64_t i = 0; i < count; ++i) {
+    // One contribution per backward, two where a parameter appears twice in
+    // the graph: the bound that sizes the format (ExactGradients.h).
+    if (calls_[i] > 2 * local_atoms_) {
+      throw TrainingError(
+          fmt::format("reproducible mode: parameter '{}' received {} gradients in one optimizer "
+                      "step of {} backward passes on this rank; at most two per backward fit the "
+                      "fixed-point format",
+                      parameters_[i].name, calls_[i], local_atoms_));
+    }
+    double largest = 0.0;
+    for (int r = 0; r < comm.world_size(); ++r) {
+      const double m = all[r][i];
+      largest = std::isnan(m) || std::isnan(largest) ? NAN : std::max(largest, m);
+    }
+    if (!std::isfinite(largest)) {
+      nonfinite_ = true;
+      continue;
+    }
+    if (largest == 0.0) {
+      pending_[i] = exponents_[i];
+      continue;
+    }
+    // largest in [2^e, 2^(e+1)): the chosen scale puts it in [2^(bits-5), 2^(bits-4)).
+    const int64_t e = std::ilogb(largest);
+    pending_[i] = bits_ - 5 - e;
+    const int64_t top = exponents_[i] == kUnknown ? INT64_MIN : e + exponents_[i];
+    if (top < bits_ - 9 || top > bits_ - 1) {
+      exponents_[i] = pending_[i];
+      accepted = false;
+    }
+  }
+  return accepted || nonfinite_;
+}
+
+std::vector<torch::Tensor> ExactGradients::reduce(Comm& comm) {
+  torch::NoGradGuard no_grad;
+  if (comm.world_size() > 1) comm.all_reduce_sum(accumulator_);
+  std::vector<torch::Tensor> decay, no_decay;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const int64_t numel = parameters_[i].tensor.numel();
+    const torch::Tensor q = accumulator_.narrow(0, offsets_[i], numel);
+    // int64 -> fp64 rounds only sums beyond 2^53, -> fp32 once more; both
+    // round to nearest, so equal integers give equal bits.
+    const torch::Tensor g =
+        exponents_[i] == kUnknown
+            ? torch::zeros({numel}, q.options().dtype(torch::kFloat32))
+            : (q.to(torch::kFloat64) * std::ldexp(1.0, -static_cast<int>(exponents_[i]))).to(torch::kFloat32);
+    (parameters_[i].decay ? decay : no_decay).push_back(g);
+  }
+  std::vector<torch::Tensor> groups;
+  for (const auto* group : {&decay, &no_decay}) {
+    if (!group->empty()) groups.push_back(torch::cat(*group));
+  }
+  exponents_ = pending_;  // the next step's scales follow this step's contributions
+  return groups;
+}
+
+void ExactGradients::set_exponents(const std::vector<int64_t>& exponents) {
+  if (exponents.size() != parameters_.size()) {
+    throw std::invalid_argument(
+        fmt::format("{} gradient exponents for {} parameters", exponents.size(), parameters_.size()));
+  }
+  exponents_ = exponents;
+  pending_ = exponents;
+}
+
+}  // namespace trainer

@@ -1,0 +1,104 @@
+// Reproducible mode's settings and the steps after the exact gradient sum
+// (see ReproducibleMode.h).
+#include "reproducible/ReproducibleMode.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+
+#include "ops/Dispatch.h"
+#include "trainer/sharding/AdamW.h"
+#include "trainer/Errors.h"
+
+namespace trainer {
+
+ReproducibleSettings::ReproducibleSettings()
+    : deterministic_(at::globalContext().deterministicAlgorithms()),
+      warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()),
+      fusion_(ops::gradient_fusion_enabled()),
+      threads_(at::get_num_threads()) {
+  // cuBLAS picks its reduction scheme per workspace; a fixed one makes its
+  // GEMMs run-to-run deterministic (LibTorch refuses them otherwise).
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  at::set_num_threads(1);
+  ops::set_gradient_fusion(false);
+}
+
+ReproducibleSettings::~ReproducibleSettings() {
+  at::globalContext().setDeterministicAlgorithms(deterministic_, warn_only_);
+  at::set_num_threads(threads_);
+  ops::set_gradient_fusion(fusion_);
+}
+
+int run_exact_passes(ExactGradients& exact, Strategy& strategy, Comm& comm, int64_t count,
+                     const std::function<void(int64_t)>& atom) {
+  for (int pass = 1;; ++pass) {
+    exact.begin_pass(count);
+    for (int64_t k = 0; k < count; ++k) atom(k);
+    strategy.reduce_gradients_and_norm();
+    if (exact.end_pass(comm)) return pass;
+    if (pass > 1) {
+      throw TrainingError(
+          "reproducible mode ran the same atoms twice and got other gradients: an operator is not "
+          "deterministic on this device");
+    }
+    strategy.discard_gradients();
+  }
+}
+
+void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& groups, const std::string& strategy_name,
+                      bool probe) {
+  torch::NoGradGuard no_grad;
+  const auto refuse = [&] {
+    throw TrainingError(
+        fmt::format("strategy '{}': writing into gradient_slices() did not change the gradient it "
+                    "holds; training.reproducible = true needs them to be views of the gradient "
+                    "apply_update reads (trainer/Strategy.h)",
+                    strategy_name));
+  };
+  if (probe) {
+    for (const FlatSlice& slice : strategy.gradient_slices()) slice.values.fill_(std::nan(""));
+    for (const FlatSlice& slice : strategy.gradient_slices()) {
+      if (slice.values.numel() > 0 && !slice.values.isnan().all().item<bool>()) refuse();
+    }
+  }
+  const auto source_of = [&](const FlatSlice& slice) {
+    if (slice.group >= groups.size() || slice.offset < 0 || slice.offset > groups[slice.group].numel()) {
+      throw TrainingError(
+          fmt::format("strategy '{}': a gradient slice (group {}, offset {}) lies outside the model's "
+                      "flat groups",
+                      strategy_name, slice.group, slice.offset));
+    }
+    const int64_t n = std::min(slice.values.numel(), groups[slice.group].numel() - slice.offset);
+    return std::make_pair(n, groups[slice.group].narrow(0, slice.offset, n));
+  };
+  for (const FlatSlice& slice : strategy.gradient_slices()) {
+    const auto [n, source] = source_of(slice);
+    slice.values.narrow(0, 0, n).copy_(source);
+  }
+  for (const FlatSlice& slice : strategy.gradient_slices()) {
+    const auto [n, source] = source_of(slice);
+    if (!torch::equal(slice.values.narrow(0, 0, n).to(source.dtype()), source)) refuse();
+  }
+}
+
+double whole_norm(const std::vector<torch::Tensor>& groups) {
+  double squares = 0.0;
+  for (const torch::Tensor& group : groups) squares += squared_norm(group);
+  return std::sqrt(squares);
+}
+
+double ordered_loss_sum(torch::Tensor losses, Comm& comm) {
+  if (comm.world_size() > 1) comm.all_reduce_sum(losses);
+  const torch::Tensor host = losses.cpu().contiguous();
+  const double* values = host.data_ptr<double>();
+  double sum = 0.0;
+  for (int64_t i = 0; i < host.numel(); ++i) sum += values[i];
+  return sum;
+}
+
+}  // namespace trainer

@@ -1,0 +1,68 @@
+// Reproducible mode (training.reproducible): the process-wide settings it
+// needs, and the steps between ExactGradients' sum and the strategy, each
+// computed the same way whatever the split, world size or strategy.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "reproducible/ExactGradients.h"
+#include "trainer/Comm.h"
+#include "trainer/Strategy.h"
+
+namespace trainer {
+
+/// Applies, for its lifetime, what makes an atom's gradient the same bits
+/// wherever it is computed: ATen's deterministic algorithms (an operator
+/// without a deterministic variant then throws, naming itself), cuBLAS's
+/// fixed workspace (CUBLAS_WORKSPACE_CONFIG=:4096:8 unless already set), one
+/// intra-op thread on the CPU (ATen's CPU reductions split their sums by
+/// thread count, which differs with the ranks per machine), and no
+/// gradient-accumulation fusion (ops/Dispatch.h). Restores the previous
+/// settings when destroyed. Construct before any CUDA work.
+class ReproducibleSettings {
+ public:
+  ReproducibleSettings();
+  ~ReproducibleSettings();
+  ReproducibleSettings(const ReproducibleSettings&) = delete;
+  ReproducibleSettings& operator=(const ReproducibleSettings&) = delete;
+
+ private:
+  bool deterministic_ = false, warn_only_ = false, fusion_ = true;
+  int threads_ = 1;
+};
+
+/// Collective. Runs one optimizer step's atoms as passes of `exact`:
+/// `atom(k)` runs forward and backward of this rank's atom k < count
+/// through the strategy (one backward each). A pass whose gradients fall
+/// outside the fixed-point scales is reduced and discarded, keeping the
+/// strategy's call order, and run again with scales that fit it; a second
+/// refusal means the same atoms gave other gradients (TrainingError:
+/// an operator is not deterministic). Returns the passes run (1 or 2);
+/// afterwards the strategy's own sum is reduced, ready to be replaced.
+int run_exact_passes(ExactGradients& exact, Strategy& strategy, Comm& comm, int64_t count,
+                     const std::function<void(int64_t)>& atom);
+
+/// Writes the exact gradient `groups` (ExactGradients::reduce: whole flat
+/// groups) over the strategy's reduced gradient through gradient_slices(),
+/// and reads it back. With `probe` (a run's first step) NaN is written and
+/// read back first, so slices that are copies are caught even where the
+/// strategy's own sum happens to equal the exact one. Throws TrainingError
+/// naming the strategy when the slices are not views of the gradient it holds.
+void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& groups, const std::string& strategy_name,
+                      bool probe);
+
+/// The L2 norm of the whole gradient, from the whole groups every rank
+/// holds: no sum over ranks, so every rank and split gets the same bits.
+double whole_norm(const std::vector<torch::Tensor>& groups);
+
+/// Collective. `losses` (fp64, one entry per atom of the global batch)
+/// holds this rank's atoms' loss sums at their global positions and zeros
+/// elsewhere; returns the sum of all ranks' entries, added in global order
+/// (the all-reduce only adds zeros, which is exact).
+double ordered_loss_sum(torch::Tensor losses, Comm& comm);
+
+}  // namespace trainer

@@ -1,0 +1,27 @@
+// A micro-batch as the model takes it: samples padded to seq_len, target
+// flags turned into labels, on the run's device.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "trainer/Dataset.h"
+#include "trainer/Model.h"
+
+namespace trainer {
+
+struct MicroBatch {
+  Batch batch;
+  int64_t input_tokens = 0;  ///< non-padding input positions
+};
+
+/// The dataset's samples `indices`, padded to seq_len, with labels
+/// kIgnoreIndex where a token does not count, copied to `device`.
+/// InputError naming the dataset and sample when a sample is malformed.
+MicroBatch collate(const Dataset& dataset, const std::string& dataset_name, const std::vector<int64_t>& indices,
+                   torch::Device device);
+
+}  // namespace trainer

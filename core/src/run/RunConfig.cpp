@@ -1,0 +1,81 @@
+// The typed run configuration (see RunConfig.h).
+#include "run/RunConfig.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "run/DeviceStats.h"
+#include "run/TrainingLoop.h"
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+
+std::chrono::milliseconds CommSettings::timeout() const {
+  return std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+}
+
+CommSettings comm_settings(const Recipe& recipe) {
+  CommSettings comm;
+  comm.backend = recipe.distributed.text("backend");
+  comm.nproc = static_cast<int>(recipe.distributed.integer("nproc"));
+  comm.timeout_s = recipe.distributed.real("timeout_s");
+  return comm;
+}
+
+RunConfig run_config(const Recipe& recipe, int world_size) {
+  RunConfig config;
+  config.name = recipe.run.text("name");
+  config.output_dir = output_dir_of(recipe);
+  config.device = recipe.run.text("device");
+  config.seed = static_cast<uint64_t>(recipe.run.integer("seed"));
+  config.peak_tflops = recipe.run.real("peak_tflops");
+  config.steps = recipe.training.integer("steps");
+  config.shape = batch_shape(recipe, world_size);
+  config.compute_dtype = recipe.training.text("precision") == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  config.reproducible = recipe.training.boolean("reproducible");
+  config.reproducible_atom = recipe.training.integer("reproducible_atom");
+
+  UpdateRule& update = config.update;
+  update.schedule.shape = recipe.lr_schedule.text("name");
+  update.schedule.peak_lr = recipe.optimizer.real("lr");
+  update.schedule.min_lr = recipe.lr_schedule.real("min_lr");
+  update.schedule.warmup_steps = recipe.lr_schedule.integer("warmup_steps");
+  update.schedule.total_steps = config.steps;
+  update.adamw.beta1 = recipe.optimizer.real("beta1");
+  update.adamw.beta2 = recipe.optimizer.real("beta2");
+  update.adamw.eps = recipe.optimizer.real("eps");
+  update.adamw.weight_decay = recipe.optimizer.real("weight_decay");
+  update.max_grad_norm = recipe.training.real("max_grad_norm");
+  update.skip_nonfinite = recipe.training.text("on_nonfinite") == "skip";
+
+  CheckpointPolicy& checkpoint = config.checkpoint;
+  checkpoint.dir = recipe.checkpoint.text("dir");
+  if (checkpoint.dir.empty()) checkpoint.dir = (fs::path(config.output_dir) / "checkpoints").string();
+  if (fs::exists(checkpoint.dir) && !fs::is_directory(checkpoint.dir)) {
+    recipe.checkpoint.fail("dir", fmt::format("a directory for checkpoints; {} is a file", checkpoint.dir));
+  }
+  checkpoint.interval = recipe.checkpoint.integer("interval");
+  checkpoint.keep = recipe.checkpoint.integer("keep");
+  checkpoint.resume = recipe.checkpoint.text("resume");
+
+  ProfilePolicy& profile = config.profile;
+  profile.first = recipe.run.integer("profile_start");
+  if (profile.first > config.steps) {
+    recipe.run.fail("profile_start",
+                    fmt::format("a step of this run, 1..{} (training.steps), or 0 for off", config.steps));
+  }
+  if (profile.first > 0) {
+    const std::string missing = profiler_unavailable();
+    if (!missing.empty()) recipe.run.fail("profile_start", missing);
+  }
+  profile.count = std::min(recipe.run.integer("profile_steps"), config.steps - profile.first + 1);
+
+  config.comm = comm_settings(recipe);
+  config.fingerprint = recipe.fingerprint(config.shape.global_batch_size());
+  return config;
+}
+
+}  // namespace trainer

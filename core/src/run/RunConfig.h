@@ -1,0 +1,76 @@
+// The run's settings as types, built once from the recipe before anything
+// is written: what the loop, its checkpoints, its profiler and its comm
+// read, so that no recipe key is looked up by string past this point.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include <torch/types.h>
+
+#include "recipe/Recipe.h"
+#include "run/LrSchedule.h"
+#include "trainer/Strategy.h"
+
+namespace trainer {
+
+/// How the loop turns a reduced gradient into an update.
+struct UpdateRule {
+  LrSchedule schedule;
+  AdamWConfig adamw;
+  double max_grad_norm = 0.0;   ///< 0: no clipping
+  bool skip_nonfinite = false;  ///< training.on_nonfinite = "skip"
+};
+
+/// [checkpoint]: where, how often, how many, and where to start from.
+struct CheckpointPolicy {
+  std::string dir;  ///< checkpoint.dir, or <output_dir>/checkpoints
+  int64_t interval = 0;  ///< optimizer steps between checkpoints; 0: only on a stop signal
+  int64_t keep = 0;
+  std::string resume;  ///< "", "auto" or a checkpoint's path
+};
+
+/// run.profile_start and run.profile_steps: the steps the profiler records.
+struct ProfilePolicy {
+  int64_t first = 0;  ///< 1-based; 0: off
+  int64_t count = 0;
+};
+
+/// [distributed].
+struct CommSettings {
+  std::string backend;
+  int nproc = 1;  ///< local workers `trainer run` starts
+  double timeout_s = 300;
+  std::chrono::milliseconds timeout() const;
+};
+
+struct RunConfig {
+  std::string name;
+  std::string output_dir;  ///< run.output_dir, or runs/<run.name>
+  std::string device;      ///< "cpu" | "cuda"
+  uint64_t seed = 0;
+  double peak_tflops = 0;  ///< run.peak_tflops; 0: measured on CUDA
+  int64_t steps = 0;
+  BatchShape shape;
+  torch::Dtype compute_dtype = torch::kFloat32;  ///< training.precision
+  bool reproducible = false;
+  int64_t reproducible_atom = 1;  ///< samples per forward and backward in reproducible mode
+  UpdateRule update;
+  CheckpointPolicy checkpoint;
+  ProfilePolicy profile;
+  CommSettings comm;
+  /// What a checkpoint may not be resumed without (Recipe::fingerprint at this global batch).
+  std::string fingerprint;
+};
+
+/// The recipe's [distributed] table.
+CommSettings comm_settings(const Recipe& recipe);
+
+/// Every check of the run's own keys that needs no component: the batch
+/// shape at `world_size`, the profiler's steps and availability, the
+/// checkpoint directory. InputError naming the key, before anything of the
+/// run is written.
+RunConfig run_config(const Recipe& recipe, int world_size);
+
+}  // namespace trainer

@@ -1,0 +1,128 @@
+// A run's set-up (see SetUp.h).
+#include "run/SetUp.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <thread>
+
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <torch/cuda.h>
+
+#include "checkpoint/Checkpoint.h"
+#include "distributed/Rendezvous.h"
+#include "run/DeviceStats.h"
+#include "util/Files.h"
+#include "trainer/Errors.h"
+#include "trainer/Log.h"
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+torch::Device device_of(const Recipe& recipe, const RunConfig& config, const WorldInfo& world) {
+  if (config.device == "cuda") {
+    if (!torch::cuda::is_available()) recipe.run.fail("device", "'cpu': this machine has no CUDA device");
+    const int count = static_cast<int>(torch::cuda::device_count());
+    if (world.local_rank >= count) {
+      recipe.run.fail("device", fmt::format("one CUDA device per local rank: local rank {} but {} device(s)",
+                                            world.local_rank, count));
+    }
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank));
+  }
+  return torch::kCPU;
+}
+
+// World size 1 needs no rendezvous; otherwise the backend must suit the
+// device (the project's two are checked here; another's connect() says).
+std::unique_ptr<Comm> connect_comm(const Recipe& recipe, const RunConfig& config, PluginRegistry& registry,
+                                   const WorldInfo& world, torch::Device device) {
+  check_backend(recipe, registry, world.world_size);
+  const std::string& backend = config.comm.backend;
+  if (world.world_size > 1 && (backend == "nccl" || backend == "gloo") && (backend == "nccl") != device.is_cuda()) {
+    recipe.distributed.fail("backend", fmt::format("'{}' for run.device = '{}'", device.is_cuda() ? "nccl" : "gloo",
+                                                   config.device));
+  }
+  return connect_world(registry, backend, world, config.comm.timeout(), device, recipe.resolved_toml());
+}
+
+}  // namespace
+
+RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& registry, const WorldInfo& world,
+                std::optional<RunLock>& lock) {
+  RunParts run;
+  Context& context = run.context;
+  context.output_dir = config.output_dir;
+  context.device = config.device;
+  context.seed = config.seed;
+  context.rank = world.rank;
+  context.world_size = world.world_size;
+  context.local_rank = world.local_rank;
+  log::set_rank(world.rank, world.world_size);
+  // Local ranks share the machine's cores instead of each taking all of them.
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  at::set_num_threads(std::max(1, cores / std::max(1, world.local_world_size)));
+  if (config.reproducible) run.reproducible = std::make_unique<ReproducibleSettings>();
+  run.device = device_of(recipe, config, world);
+  run.writer = world.rank == 0;
+  if (run.writer) {
+    fs::create_directories(context.output_dir);
+    lock.emplace(context.output_dir);
+    write_file_atomically(fs::path(context.output_dir) / "recipe.toml", recipe.resolved_toml());
+  }
+  run.comm = connect_comm(recipe, config, registry, world, run.device);
+
+  run.model = PluginRegistry::create<Model>(*recipe.model.plugin, recipe.model.options, context);
+  run.dataset = PluginRegistry::create<Dataset>(*recipe.dataset.plugin, recipe.dataset.options, context);
+  run.strategy = PluginRegistry::create<Strategy>(*recipe.strategy.plugin, recipe.strategy.options, context);
+  run.dataset_name = recipe.dataset.plugin->descriptor->name;
+  run.model_name = recipe.model.plugin->descriptor->name;
+  run.strategy_name = recipe.strategy.plugin->descriptor->name;
+  if (run.dataset->vocab_size() > run.model->vocab_size()) {
+    recipe.model.options.fail("vocab_size", fmt::format("at least the dataset's vocabulary size {}, got {}",
+                                                        run.dataset->vocab_size(), run.model->vocab_size()));
+  }
+  for (const NamedParameter& p : run.model->parameters()) run.parameter_count += p.tensor.numel();
+
+  run.compute_dtype = config.compute_dtype;
+  run.strategy->setup(*run.model, *run.comm, StrategyEnv{run.device, config.update.adamw, run.compute_dtype});
+  check_state_coverage(*run.strategy, *run.model, *run.comm, run.device, run.strategy_name);
+
+  const MemoryReport memory = run.strategy->memory();
+  log::info(fmt::format("rank {} holds {} parameter, {} gradient and {} optimizer-state bytes", world.rank,
+                        memory.parameter_bytes, memory.gradient_bytes, memory.optimizer_bytes));
+  run.shape = config.shape;
+  // After the strategy's setup: its hooks and bound buffers are in place, and
+  // these hooks only read the gradients passing through.
+  if (run.reproducible) {
+    run.atom = config.reproducible_atom;
+    run.exact = std::make_unique<ExactGradients>(*run.model, run.shape.global_batch_size() / run.atom, run.device);
+  }
+  return run;
+}
+
+RunInfo describe_run(const RunConfig& config, const RunParts& run) {
+  RunInfo info;
+  info.name = config.name;
+  info.total_steps = config.steps;
+  info.global_batch_size = run.shape.global_batch_size();
+  info.micro_batch_size = run.shape.micro_batch_size;
+  info.grad_accum_steps = run.shape.grad_accum_steps;
+  info.world_size = run.shape.world_size;
+  info.strategy = run.strategy_name;
+  info.parameters = run.parameter_count;
+  info.flops_per_token = run.model->flops_per_token(run.dataset->seq_len());
+  info.peak_flops = config.peak_tflops * 1e12;
+  if (info.peak_flops == 0.0 && run.device.is_cuda()) {
+    info.peak_flops = measure_matmul_flops(run.device, run.compute_dtype);
+    log::info(
+        fmt::format("measured {} matmul rate: {:.0f} TFLOP/s per rank (MFU is relative to it; "
+                    "run.peak_tflops sets it instead)",
+                    run.compute_dtype == torch::kBFloat16 ? "bf16" : "fp32", info.peak_flops / 1e12));
+  }
+  return info;
+}
+
+}  // namespace trainer

@@ -1,0 +1,55 @@
+// What a run builds before its first step and keeps until its last: the
+// device, the comm, the components and reproducible mode's state.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <torch/types.h>
+
+#include "distributed/Launcher.h"
+#include "plugin/PluginRegistry.h"
+#include "recipe/Recipe.h"
+#include "reproducible/ExactGradients.h"
+#include "reproducible/ReproducibleMode.h"
+#include "run/RunConfig.h"
+#include "run/RunLock.h"
+#include "trainer/Dataset.h"
+#include "trainer/Logger.h"
+#include "trainer/Model.h"
+#include "trainer/Strategy.h"
+
+namespace trainer {
+
+// What a run builds before its first step and keeps until its last.
+struct RunParts {
+  Context context;
+  torch::Device device = torch::kCPU;
+  bool writer = false;  // only rank 0 writes files and metrics
+  torch::Dtype compute_dtype = torch::kFloat32;
+  std::unique_ptr<Comm> comm;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Dataset> dataset;
+  std::unique_ptr<Strategy> strategy;
+  std::string dataset_name, model_name, strategy_name;
+  int64_t parameter_count = 0;
+  BatchShape shape;
+  // Reproducible mode only; declared last, so the hooks go before the model.
+  int64_t atom = 1;              // samples per forward and backward
+  bool gradient_probed = false;  // install_gradient's check for copies ran
+  std::unique_ptr<ReproducibleSettings> reproducible;
+  std::unique_ptr<ExactGradients> exact;
+};
+
+/// Set-up: the output directory (locked by rank 0, recipe.toml written),
+/// the process group, the components, and the strategy's hold on the
+/// model, checked.
+RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& registry, const WorldInfo& world,
+                std::optional<RunLock>& lock);
+
+/// The run's description for loggers and the log.
+RunInfo describe_run(const RunConfig& config, const RunParts& run);
+
+}  // namespace trainer

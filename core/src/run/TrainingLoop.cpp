@@ -1,0 +1,356 @@
+// The training loop, top to bottom: set up (SetUp.h), then per optimizer
+// step prefetch the micro-batches, count N_t, run forward/backward per
+// micro-step with loss_sum / N_t, reduce, clip, update, log, checkpoint.
+#include "run/TrainingLoop.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "checkpoint/Checkpoint.h"
+#include "reproducible/ExactGradients.h"
+#include "reproducible/ReproducibleMode.h"
+#include "run/Collate.h"
+#include "run/DeviceStats.h"
+#include "run/RunConfig.h"
+#include "run/RunOutputs.h"
+#include "run/Sampler.h"
+#include "run/SetUp.h"
+#include "trainer/Errors.h"
+#include "trainer/Log.h"
+#include "trainer/Logger.h"
+#include "trainer/Strategy.h"
+#include "trainer/sharding/AdamW.h"
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+void request_stop(int signal) { g_stop_signal.store(signal); }
+
+// SIGTERM and SIGINT ask the loop to finish the step in flight, write a
+// checkpoint and stop; the previous handlers come back afterwards.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction action {};
+    action.sa_handler = request_stop;
+    sigaction(SIGTERM, &action, &old_term_);
+    sigaction(SIGINT, &action, &old_int_);
+    g_stop_signal.store(0);
+  }
+  ~StopSignals() {
+    sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGINT, &old_int_, nullptr);
+  }
+
+ private:
+  struct sigaction old_term_ {
+  }, old_int_{};
+};
+
+// Loggers see finish() on every exit path, so files are flushed even when
+// training fails.
+class LoggerSet {
+ public:
+  explicit LoggerSet(std::vector<std::unique_ptr<Logger>> loggers) : loggers_(std::move(loggers)) {}
+  ~LoggerSet() {
+    for (auto& logger : loggers_) {
+      try {
+        logger->finish();
+      } catch (const std::exception& error) {
+        log::error(fmt::format("logger failed to finish: {}", error.what()));
+      }
+    }
+  }
+  void start(const RunInfo& info) {
+    for (auto& logger : loggers_) logger->start(info);
+  }
+  void log(const StepRecord& record) {
+    for (auto& logger : loggers_) logger->log(record);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Logger>> loggers_;
+};
+
+}  // namespace
+
+std::string output_dir_of(const Recipe& recipe) {
+  const std::string& dir = recipe.run.text("output_dir");
+  return dir.empty() ? (fs::path("runs") / recipe.run.text("name")).string() : dir;
+}
+
+namespace {
+
+// This rank's part of the window: the split's micro-batches, or in
+// reproducible mode one micro-batch per atom (run.atom consecutive samples
+// of the global batch, starting at a multiple of the atom), so that each
+// atom's forward and backward has the same inputs and shapes, and so the
+// same bits, whichever micro-batch or rank it lands in.
+std::vector<MicroBatch> collate_window(RunParts& run, const std::vector<int64_t>& global) {
+  std::vector<MicroBatch> window;
+  for (int64_t m = 0; m < run.shape.grad_accum_steps; ++m) {
+    const std::vector<int64_t> indices = local_micro_batch(global, run.shape, run.comm->rank(), m);
+    if (!run.exact) {
+      window.push_back(collate(*run.dataset, run.dataset_name, indices, run.device));
+      continue;
+    }
+    for (size_t first = 0; first < indices.size(); first += static_cast<size_t>(run.atom)) {
+      const std::vector<int64_t> atom(indices.begin() + first, indices.begin() + first + run.atom);
+      window.push_back(collate(*run.dataset, run.dataset_name, atom, run.device));
+    }
+  }
+  return window;
+}
+
+LossSum checked_forward(RunParts& run, const MicroBatch& micro) {
+  LossSum out = run.strategy->forward(*run.model, micro.batch);
+  if (out.target_tokens != micro.batch.target_tokens) {
+    throw TrainingError(fmt::format("model '{}' counted {} target tokens in a micro-batch that has {}", run.model_name,
+                                    out.target_tokens, micro.batch.target_tokens));
+  }
+  return out;
+}
+
+// What one optimizer step computed; step_record() adds its timing and the
+// machine's figures for the loggers.
+struct StepOutcome {
+  int64_t step = 0;  // 1-based
+  double loss = 0.0;
+  double grad_norm = 0.0;
+  double lr = 0.0;
+  int64_t target_tokens = 0;
+  int64_t samples = 0;
+  int64_t input_tokens = 0;
+  bool skipped = false;
+  double data_seconds = 0.0;
+};
+
+// Reproducible mode's forward, backward and reduction: every atom's
+// gradient summed exactly (ExactGradients) and written over the strategy's
+// own sum; the norm and the loss computed the same way whatever the split.
+// A pass whose gradients left the fixed-point scales' range runs again with
+// scales that fit them (the first step's always does: no scale is known yet).
+void reproducible_reduction(RunParts& run, const std::vector<MicroBatch>& atoms, int64_t target_tokens,
+                            StepOutcome& outcome) {
+  Strategy& strategy = *run.strategy;
+  Comm& comm = *run.comm;
+  ExactGradients& exact = *run.exact;
+  const int64_t count = static_cast<int64_t>(atoms.size());
+  const int64_t first = comm.rank() * count;  // rank r trains the global atoms [r count, (r + 1) count)
+  torch::Tensor losses = torch::zeros({run.shape.global_batch_size() / run.atom},
+                                      torch::TensorOptions().dtype(torch::kFloat64).device(run.device));
+  const int passes = run_exact_passes(exact, strategy, comm, count, [&](int64_t k) {
+    const LossSum out = checked_forward(run, atoms[k]);
+    losses.narrow(0, first + k, 1).copy_(out.loss_sum.detach().reshape({1}));
+    strategy.backward(out.loss_sum / static_cast<double>(target_tokens),
+                      MicroStep{k, k == count - 1, count, target_tokens});
+  });
+  if (passes > 1) {
+    log::info(
+        fmt::format("step {}: gradient scales set from this step's gradients; its samples ran again", outcome.step));
+  }
+  outcome.loss = ordered_loss_sum(losses, comm) / static_cast<double>(target_tokens);
+  if (exact.nonfinite()) {
+    outcome.grad_norm = std::numeric_limits<double>::quiet_NaN();
+    return;
+  }
+  const std::vector<torch::Tensor> gradient = exact.reduce(comm);
+  install_gradient(strategy, gradient, run.strategy_name, /*probe=*/!run.gradient_probed);
+  run.gradient_probed = true;
+  outcome.grad_norm = whole_norm(gradient);
+}
+
+// One optimizer step: the whole accumulation window is collated first, so
+// N_t is known before the first backward (contract, point 2); then forward
+// and backward per micro-batch, the reduction, and the update (or a skip).
+StepOutcome optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const UpdateRule& rule, int64_t step,
+                          int64_t& applied_updates) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const BatchShape& shape = run.shape;
+  Comm& comm = *run.comm;
+  const std::vector<MicroBatch> micro_batches =
+      collate_window(run, sampler.global_batch(step, shape.global_batch_size()));
+  StepOutcome outcome;
+  outcome.data_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  int64_t local_counts[2] = {0, 0};
+  for (const MicroBatch& micro : micro_batches) {
+    local_counts[0] += micro.batch.target_tokens;
+    local_counts[1] += micro.input_tokens;
+  }
+  // Counted on the host; only several ranks need a collective (and a sync).
+  if (comm.world_size() > 1) {
+    torch::Tensor counts = torch::tensor({local_counts[0], local_counts[1]}, torch::kInt64).to(run.device);
+    comm.all_reduce_sum(counts);
+    local_counts[0] = counts[0].item<int64_t>();
+    local_counts[1] = counts[1].item<int64_t>();
+  }
+  const int64_t target_tokens = local_counts[0];
+
+  outcome.step = step + 1;
+  outcome.lr = rule.schedule.at(step);
+  outcome.target_tokens = target_tokens;
+  outcome.samples = shape.global_batch_size();
+  outcome.input_tokens = local_counts[1];
+  if (target_tokens == 0) {  // contract, point 7: skip, never divide by zero
+    log::warn(fmt::format("step {}: the global batch has no target tokens; update skipped", step + 1));
+    outcome.skipped = true;
+    return outcome;
+  }
+  Strategy& strategy = *run.strategy;
+  if (run.exact) {
+    reproducible_reduction(run, micro_batches, target_tokens, outcome);
+  } else {
+    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(run.device));
+    for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
+      const LossSum out = checked_forward(run, micro_batches[m]);
+      loss_sum += out.loss_sum.detach().to(torch::kFloat64);
+      // Contract, point 3: divide by N_t once; nothing else scales.
+      strategy.backward(out.loss_sum / static_cast<double>(target_tokens),
+                        MicroStep{m, m == shape.grad_accum_steps - 1, shape.grad_accum_steps, target_tokens});
+    }
+    // The loss's all-reduce runs behind the strategy's reduction and is waited for after it.
+    const std::unique_ptr<CommWork> loss_reduction = comm.all_reduce_sum_async(loss_sum);
+    outcome.grad_norm = strategy.reduce_gradients_and_norm();
+    loss_reduction->wait();
+    outcome.loss = loss_sum.item<double>() / static_cast<double>(target_tokens);
+  }
+  if (!std::isfinite(outcome.grad_norm) || !std::isfinite(outcome.loss)) {
+    const std::string what =
+        fmt::format("step {}: non-finite loss {} or gradient norm {}", step + 1, outcome.loss, outcome.grad_norm);
+    if (!rule.skip_nonfinite) throw TrainingError(what + " (set training.on_nonfinite = 'skip' to skip such steps)");
+    log::warn(what + "; update skipped");
+    strategy.discard_gradients();
+    outcome.skipped = true;
+  } else {
+    ++applied_updates;
+    strategy.apply_update(
+        UpdateArgs{outcome.lr, clip_coefficient(outcome.grad_norm, rule.max_grad_norm), applied_updates});
+  }
+  return outcome;
+}
+
+// The loggers' record of a step, filled here alone.
+StepRecord step_record(const StepOutcome& outcome, double step_seconds, double elapsed_seconds, const RunInfo& info,
+                       const MemoryPeaks& peaks) {
+  StepRecord record;
+  record.step = outcome.step;
+  record.loss = outcome.loss;
+  record.grad_norm = outcome.grad_norm;
+  record.lr = outcome.lr;
+  record.target_tokens = outcome.target_tokens;
+  record.samples = outcome.samples;
+  record.input_tokens = outcome.input_tokens;
+  record.skipped = outcome.skipped;
+  record.data_seconds = outcome.data_seconds;
+  record.step_seconds = step_seconds;
+  record.elapsed_seconds = elapsed_seconds;
+  record.tokens_per_second = step_seconds > 0 ? outcome.input_tokens / step_seconds : 0.0;
+  record.mfu = info.flops_per_token > 0 && info.peak_flops > 0
+                   ? info.flops_per_token * record.tokens_per_second / (info.peak_flops * info.world_size)
+                   : std::numeric_limits<double>::quiet_NaN();
+  record.memory_allocated_bytes = peaks.allocated_bytes;
+  record.memory_reserved_bytes = peaks.reserved_bytes;
+  record.rss_bytes = peaks.rss_bytes;
+  return record;
+}
+
+// Every rank stops at the same step: the signal may reach them apart.
+// Reading the flag waits for the step's last kernel (the update), so a
+// step's time ends with the device's work, not only the host's launches.
+bool agree_to_stop(RunParts& run) {
+  torch::Tensor stop = torch::tensor({static_cast<int64_t>(g_stop_signal.load())}, torch::kInt64).to(run.device);
+  if (run.comm->world_size() > 1) run.comm->all_reduce_sum(stop);
+  return stop.item<int64_t>() != 0;
+}
+
+}  // namespace
+
+void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& world) {
+  const RunConfig config = run_config(recipe, world.world_size);
+  std::optional<RunLock> lock;  // held until train() returns
+  RunParts run = set_up(recipe, config, registry, world, lock);
+  const Context& context = run.context;
+  GlobalBatchSampler sampler(context.seed, run.dataset->size(), run.dataset->shuffle());
+
+  std::vector<std::unique_ptr<Logger>> logger_list;
+  for (const ComponentChoice& choice : recipe.loggers) {
+    if (!run.writer) break;
+    logger_list.push_back(PluginRegistry::create<Logger>(*choice.plugin, choice.options, context));
+  }
+  LoggerSet loggers(std::move(logger_list));
+  RunInfo info = describe_run(config, run);
+
+  // Checkpoints, and where this run starts.
+  const CheckpointPolicy& policy = config.checkpoint;
+  Checkpointer checkpointer(policy.dir, policy.keep, config.fingerprint, info.strategy);
+  TrainingPosition position;
+  const std::string from = checkpointer.resolve(policy.resume);
+  if (!from.empty()) {
+    position = checkpointer.load(from, *run.strategy, *run.model, *run.comm);
+    if (run.exact && !position.gradient_exponents.empty()) run.exact->set_exponents(position.gradient_exponents);
+  } else if (policy.resume == "auto") {
+    log::info(fmt::format("no checkpoint under {}; starting at step 0", policy.dir));
+  }
+  info.first_step = position.step;
+  StopSignals stop_signals;
+  loggers.start(info);
+  log::info(
+      fmt::format("training {} parameters for {} steps: global batch {} = micro-batch {} x {} accumulation "
+                  "steps x {} ranks, strategy {}, output {}",
+                  info.parameters, config.steps, info.global_batch_size, info.micro_batch_size, info.grad_accum_steps,
+                  info.world_size, info.strategy, context.output_dir));
+  StepProfiler profiler(config.profile.first, config.profile.count,
+                        (fs::path(context.output_dir) / "profile" / "trace.json").string(), run.device);
+
+  // The steps: update, agree on stopping, record, checkpoint.
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point run_start = Clock::now();
+  int64_t applied_updates = position.applied_updates;  // Adam's step count: once per applied optimizer step
+  for (int64_t step = position.step; step < config.steps; ++step) {
+    profiler.step_begins(step + 1);
+    const Clock::time_point step_start = Clock::now();
+    reset_memory_peaks(run.device);
+    const StepOutcome outcome = optimizer_step(run, sampler, config.update, step, applied_updates);
+    const bool stopping = agree_to_stop(run);
+    const Clock::time_point step_end = Clock::now();
+    profiler.step_ended(step + 1);
+    loggers.log(step_record(outcome, std::chrono::duration<double>(step_end - step_start).count(),
+                            std::chrono::duration<double>(step_end - run_start).count(), info,
+                            memory_peaks(run.device)));
+
+    if ((policy.interval > 0 && (step + 1) % policy.interval == 0) || stopping) {
+      const TrainingPosition here{step + 1, applied_updates,
+                                  run.exact ? run.exact->exponents() : std::vector<int64_t>{}};
+      const std::string dir = checkpointer.save(*run.strategy, *run.model, *run.comm, here);
+      log::info(fmt::format("checkpoint {} written", dir));
+    }
+    if (stopping) {
+      throw Preempted(
+          fmt::format("stopped by a signal after step {}; the checkpoint resumes with "
+                      "--set checkpoint.resume=auto",
+                      step + 1));
+    }
+  }
+  const fs::path out(context.output_dir);
+  write_memory_report(*run.strategy, *run.comm, run.device, out / "memory.json", run.writer);
+  const std::vector<torch::Tensor> weights =
+      consolidated_parameters(*run.model, *run.strategy, *run.comm, run.device, run.writer);
+  write_summary(*run.strategy, *run.comm, run.device, out / "summary.json", run.writer, config.steps,
+                applied_updates, weights);
+  write_final_weights(*run.model, weights, context.output_dir, run.writer);
+}
+
+}  // namespace trainer

@@ -1,0 +1,61 @@
+// Flat parameter buffers and shard arithmetic.
+#include "trainer/sharding/FlatParameters.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace trainer {
+
+std::vector<ParameterGroup> flatten_parameters(const std::vector<NamedParameter>& params,
+                                               torch::Device device, int64_t pad_to, torch::Dtype dtype,
+                                               c10::optional<torch::Dtype> compute_dtype) {
+  torch::NoGradGuard no_grad;
+  std::vector<ParameterGroup> groups;
+  for (const bool decay : {true, false}) {
+    ParameterGroup group;
+    group.decay = decay;
+    for (const NamedParameter& p : params) {
+      if (p.decay != decay) continue;
+      group.slots.push_back(ParameterSlot{p.name, p.tensor, group.numel, p.tensor.numel()});
+      group.numel += p.tensor.numel();
+    }
+    if (group.slots.empty()) continue;
+    group.padded_numel = (group.numel + pad_to - 1) / pad_to * pad_to;
+    group.values = torch::zeros({group.padded_numel}, torch::TensorOptions().dtype(dtype).device(device));
+    for (ParameterSlot& slot : group.slots) {
+      group.values.narrow(0, slot.offset, slot.numel).copy_(slot.param.reshape(-1));
+    }
+    group.compute = compute_dtype.value_or(dtype) == dtype ? group.values : group.values.to(*compute_dtype);
+    for (ParameterSlot& slot : group.slots) {
+      slot.param.set_data(group.compute.narrow(0, slot.offset, slot.numel).view(slot.param.sizes()));
+    }
+    groups.push_back(std::move(group));
+  }
+  return groups;
+}
+
+void bind_gradients(ParameterGroup& group, const torch::Tensor& grads) {
+  for (ParameterSlot& slot : group.slots) {
+    slot.param.mutable_grad() = grads.narrow(0, slot.offset, slot.numel).view(slot.param.sizes());
+  }
+}
+
+void sync_compute(ParameterGroup& group) {
+  torch::NoGradGuard no_grad;
+  if (separate_compute(group)) group.compute.copy_(group.values);
+}
+
+Shard shard_of(int64_t padded_numel, int rank, int world_size) {
+  if (padded_numel % world_size != 0) {
+    throw std::logic_error("shard_of: buffer size is not a multiple of the world size");
+  }
+  const int64_t numel = padded_numel / world_size;
+  return Shard{rank * numel, numel};
+}
+
+Shard unpadded(const ParameterGroup& group, const Shard& shard) {
+  const int64_t end = std::min(shard.offset + shard.numel, group.numel);
+  return Shard{shard.offset, std::max<int64_t>(0, end - shard.offset)};
+}
+
+}  // namespace trainer

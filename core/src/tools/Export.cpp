@@ -1,0 +1,72 @@
+// `trainer export`: a run's final weights, or a checkpoint consolidated
+// from its shards, as a Hugging Face model directory.
+#include "tools/Export.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "checkpoint/Checkpoint.h"
+#include "trainer/Errors.h"
+#include "trainer/util/JsonSupport.h"
+#include "trainer/util/Safetensors.h"
+
+namespace trainer {
+
+namespace fs = std::filesystem;
+using namespace manifest;
+
+void export_checkpoint(const std::string& dir, const std::string& to) {
+  Checkpointer::verify(dir);
+  const Json manifest = trainer::manifest::read(dir);
+  const fs::path file = fs::path(dir) / "manifest.json";
+  std::vector<int64_t> group_numel;
+  for (const Json& n : member(manifest, "group_numel", file)) group_numel.push_back(n.get<int64_t>());
+  const std::vector<torch::Tensor> groups = checkpoint_state(dir, "values");
+  // Parameters sit in their group (decay first) in model order.
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  int64_t offset[2] = {0, 0};
+  const int decay_group = 0, plain_group = group_numel.size() > 1 ? 1 : 0;
+  for (const Json& p : member(manifest, "parameters", file)) {
+    const bool decay = member(p, "decay", file).get<bool>();
+    const int kind = decay ? 0 : 1;
+    std::vector<int64_t> shape;
+    for (const Json& d : member(p, "shape", file)) shape.push_back(d.get<int64_t>());
+    const int64_t numel = member(p, "numel", file).get<int64_t>();
+    named.emplace_back(member(p, "name", file).get<std::string>(),
+                       groups.at(decay ? decay_group : plain_group).narrow(0, offset[kind], numel).view(shape));
+    offset[kind] += numel;
+  }
+  fs::create_directories(to);
+  write_safetensors((fs::path(to) / "model.safetensors").string(), named);
+  if (fs::exists(fs::path(dir) / "config.json")) {
+    fs::copy_file(fs::path(dir) / "config.json", fs::path(to) / "config.json", fs::copy_options::overwrite_existing);
+  }
+}
+
+void export_run(const std::string& run_dir, const std::string& to) {
+  // Export never replaces weights already written: not the source's own, not another export's.
+  if (fs::weakly_canonical(to) == fs::weakly_canonical(run_dir)) {
+    throw InputError(fmt::format("trainer export: --to {} is the directory exported from; choose another", to));
+  }
+  if (fs::exists(fs::path(to) / "model.safetensors")) {
+    throw InputError(fmt::format("trainer export: {} already holds a model.safetensors; choose an empty directory", to));
+  }
+  if (fs::exists(fs::path(run_dir) / "manifest.json")) {  // a checkpoint
+    export_checkpoint(run_dir, to);
+    fmt::print("exported checkpoint {} to {}\n", run_dir, to);
+    return;
+  }
+  const fs::path weights = fs::path(run_dir) / "model.safetensors";
+  const fs::path config = fs::path(run_dir) / "config.json";
+  if (!fs::exists(weights)) {
+    throw InputError(fmt::format("{}: no model.safetensors (a run writes it when it finishes)", run_dir));
+  }
+  const SafetensorsReader check(weights.string());  // throws on a truncated or malformed file
+  fs::create_directories(to);
+  fs::copy_file(weights, fs::path(to) / "model.safetensors", fs::copy_options::overwrite_existing);
+  if (fs::exists(config)) fs::copy_file(config, fs::path(to) / "config.json", fs::copy_options::overwrite_existing);
+  fmt::print("exported {} tensors to {}\n", check.names().size(), to);
+}
+
+}  // namespace trainer

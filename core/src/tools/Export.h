@@ -1,0 +1,18 @@
+// `trainer export`: weights for Hugging Face, from a finished run or a checkpoint.
+#pragma once
+
+#include <string>
+
+namespace trainer {
+
+/// Copies RUN_DIR's model.safetensors and config.json into `to` (created),
+/// after checking the safetensors file reads back; or, when RUN_DIR is a
+/// checkpoint, consolidates its shards. InputError if missing or corrupt.
+void export_run(const std::string& run_dir, const std::string& to);
+
+/// Consolidates a verified checkpoint's fp32 weights into `to`
+/// (model.safetensors, Hugging Face names, plus config.json), whatever world
+/// size wrote it.
+void export_checkpoint(const std::string& dir, const std::string& to);
+
+}  // namespace trainer

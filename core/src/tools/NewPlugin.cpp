@@ -1,0 +1,141 @@
+// `trainer new-plugin`: writes the embedded templates (core/templates) as a
+// project, names substituted (see NewPlugin.h).
+#include "tools/NewPlugin.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string_view>
+#include <system_error>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "util/Files.h"
+#include "trainer/Errors.h"
+
+namespace trainer {
+
+// Generated from core/templates by core/CMakeLists.txt.
+struct TemplateFile {
+  const char* path;  // "<kind or common>/<path in the project, with @CLASS@>"
+  const char* text;
+};
+extern const TemplateFile kPluginTemplates[];
+extern const size_t kNumPluginTemplates;
+
+namespace {
+
+// What each kind's README says it is.
+const std::map<std::string, std::string>& kinds() {
+  static const std::map<std::string, std::string> about = {
+      {"comm", "A communication backend: collectives on CPU tensors through the job's rendezvous store. Choose it "
+               "with `[distributed] backend = '@NAME@'`; it is used at world size > 1."},
+      {"dataset", "A dataset: sequences that count up modulo the vocabulary. Choose it with `[dataset] name = "
+                  "'@NAME@'`."},
+      {"logger", "A logger: prints the loss every few steps. Add it with `[[logger]] name = '@NAME@'`."},
+      {"model", "A model: a bigram language model with two units (embedding, output), so every strategy, zero3 "
+                "included, can train it. Choose it with `[model] name = '@NAME@'`."},
+      {"strategy", "A strategy: plain data parallelism (whole fp32 gradients all-reduced as sums, full AdamW state "
+                   "on every rank) that passes `trainer check-plugin`. Choose it with `[strategy] name = "
+                   "'@NAME@'`."},
+  };
+  return about;
+}
+
+std::string replace_all(std::string text, const std::map<std::string, std::string>& values) {
+  for (const auto& [key, value] : values) {
+    for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + value.size())) {
+      text.replace(at, key.size(), value);
+    }
+  }
+  return text;
+}
+
+}  // namespace
+
+void new_plugin(const std::string& kind, const std::string& name, const std::string& dir) {
+  const auto& about = kinds();
+  if (about.count(kind) == 0) {
+    std::vector<std::string> names;
+    for (const auto& [k, text] : about) names.push_back(k);
+    throw InputError(fmt::format("new-plugin: unknown kind '{}'; expected one of {}", kind, fmt::join(names, ", ")));
+  }
+  const bool valid_name = !name.empty() && name.size() <= 64 && std::islower(static_cast<unsigned char>(name[0])) &&
+                          std::all_of(name.begin(), name.end(), [](char c) {
+                            return std::islower(static_cast<unsigned char>(c)) ||
+                                   std::isdigit(static_cast<unsigned char>(c)) || c == '-';
+                          });
+  if (!valid_name) {
+    throw InputError(fmt::format("new-plugin: name '{}': expected a lowercase letter, then lowercase letters, "
+                                 "digits and '-' (at most 64), as recipes write it",
+                                 name));
+  }
+  std::error_code error;
+  const std::filesystem::path target(dir);
+  if (std::filesystem::exists(target, error) &&
+      (!std::filesystem::is_directory(target, error) || !std::filesystem::is_empty(target, error))) {
+    throw InputError(fmt::format("new-plugin: {} exists and is not an empty directory; nothing was written", dir));
+  }
+  std::string class_name, snake;
+  bool upper = true;
+  for (const char c : name) {
+    if (c == '-') {
+      upper = true;
+      snake += '_';
+      continue;
+    }
+    class_name += upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+    snake += c;
+    upper = false;
+  }
+  const std::map<std::string, std::string> values = {
+      {"@ABOUT@", replace_all(about.at(kind), {{"@NAME@", name}})},
+      {"@CLASS@", class_name},
+      {"@KIND@", kind},
+      {"@NAME@", name},
+      {"@TARGET@", fmt::format("trainer_{}_{}", kind, snake)},
+  };
+
+  // Written beside DIR, then renamed into place: DIR is whole or absent.
+  const std::filesystem::path parent = std::filesystem::absolute(target).parent_path();
+  std::filesystem::create_directories(parent, error);
+  const std::filesystem::path staging = parent / fmt::format(".{}.new-plugin-{}", target.filename().string(), getpid());
+  remove_tree(staging.string());
+  std::vector<std::string> written;
+  try {
+    for (size_t i = 0; i < kNumPluginTemplates; ++i) {
+      const std::string_view path = kPluginTemplates[i].path;
+      const size_t slash = path.find('/');
+      const std::string_view group = path.substr(0, slash);
+      if (group != "common" && group != kind) continue;
+      const std::string relative = replace_all(std::string(path.substr(slash + 1)), values);
+      const std::filesystem::path file = staging / relative;
+      std::filesystem::create_directories(file.parent_path());
+      std::ofstream out(file, std::ios::binary);
+      out << replace_all(kPluginTemplates[i].text, values);
+      if (!out.flush()) throw InputError(fmt::format("new-plugin: cannot write {}", file.string()));
+      written.push_back(relative);
+    }
+    if (std::filesystem::exists(target, error)) std::filesystem::remove(target);  // empty, checked above
+    std::filesystem::rename(staging, target);
+  } catch (const std::filesystem::filesystem_error& failure) {
+    remove_tree(staging.string());
+    throw InputError(fmt::format("new-plugin: cannot write {}: {}; nothing was written", dir, failure.what()));
+  } catch (...) {
+    remove_tree(staging.string());
+    throw;
+  }
+  std::sort(written.begin(), written.end());
+  std::cout << fmt::format("wrote {} plugin '{}' to {}:\n", kind, name, dir);
+  for (const std::string& file : written) std::cout << "  " << file << "\n";
+  std::cout << fmt::format("build and test it:\n  cmake -S {0} -B {0}/build -DCMAKE_PREFIX_PATH=<trainer's prefix>\n"
+                           "  cmake --build {0}/build && ctest --test-dir {0}/build --output-on-failure\n",
+                           dir);
+}
+
+}  // namespace trainer
