@@ -24,7 +24,7 @@ mkdir -p "$out"
 flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DFMT_HEADER_ONLY
        -Icore/include -Icore/src)
 declare -A sources=([safetensors]="core/src/util/SafetensorsHeader.cpp" [metrics]="core/src/tools/Metrics.cpp"
-                    [manifest]="core/src/checkpoint/Manifest.cpp"
+                    [manifest]="core/src/checkpoint/Manifest.cpp core/src/util/Hash.cpp"
                     [recipe]="core/src/recipe/Recipe.cpp core/src/recipe/TomlText.cpp core/src/recipe/CoreSections.cpp core/src/recipe/Options.cpp core/src/plugin/PluginRegistry.cpp"
                     [jsonl-record]="datasets/jsonl/JsonlRecord.cpp core/src/text/Tokenizer.cpp"
                     [hf-config]="models/qwen2/Qwen2Config.cpp core/src/recipe/Options.cpp"

@@ -12,53 +12,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#define XXH_INLINE_ALL  // header-only: no library to link, on either machine
-#include <xxhash.h>
-
 #include "trainer/Errors.h"
 
 namespace trainer::manifest {
 
 namespace fs = std::filesystem;
 
-std::string Hash128::hex() const { return fmt::format("{:016x}{:016x}", high, low); }
-
-std::string text_xxh3(std::string_view text) {
-  const XXH128_hash_t h = XXH3_128bits(text.data(), text.size());
-  return Hash128{h.high64, h.low64}.hex();
-}
-
-std::string pieces_xxh3(const std::vector<std::string_view>& pieces) {
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
-  XXH3_128bits_reset(state.get());
-  for (const std::string_view piece : pieces) XXH3_128bits_update(state.get(), piece.data(), piece.size());
-  const XXH128_hash_t h = XXH3_128bits_digest(state.get());
-  return Hash128{h.high64, h.low64}.hex();
-}
-
-Hash128 file_xxh3(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
-  XXH3_128bits_reset(state.get());
-  std::vector<char> buffer(1 << 20);
-  while (in.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) || in.gcount() > 0) {
-    XXH3_128bits_update(state.get(), buffer.data(), static_cast<size_t>(in.gcount()));
-  }
-  const XXH128_hash_t h = XXH3_128bits_digest(state.get());
-  return Hash128{h.high64, h.low64};
-}
-
-// Format 1's per-file checksum.
-uint64_t file_fnv1a(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  char buffer[1 << 16];
-  while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
-    for (std::streamsize i = 0; i < in.gcount(); ++i)
-      hash = (hash ^ static_cast<unsigned char>(buffer[i])) * 0x100000001b3ULL;
-  }
-  return hash;
-}
 
 Range canonical_chunk(size_t group, int64_t n, int rank, int world) {
   const int64_t c = (n + world - 1) / world;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "trainer/util/JsonSupport.h"
+#include "util/Hash.h"
 
 namespace trainer::manifest {
 
@@ -48,20 +49,6 @@ std::vector<std::vector<Range>> writers(const std::vector<std::vector<Range>>& h
 
 /// The ranges each file of a validated manifest holds, in its order.
 std::vector<std::vector<Range>> file_ranges(const Json& manifest, const std::filesystem::path& file);
-
-struct Hash128 {
-  uint64_t high = 0, low = 0;
-  std::string hex() const;  ///< 32 hex digits, high half first (xxHash's canonical order)
-};
-
-/// XXH3-128 of a file's bytes, read in 1 MiB pieces.
-Hash128 file_xxh3(const std::filesystem::path& file);
-/// XXH3-128 of `text`, as hex.
-std::string text_xxh3(std::string_view text);
-/// XXH3-128 of the pieces' bytes one after the other, as hex.
-std::string pieces_xxh3(const std::vector<std::string_view>& pieces);
-/// Format 1's per-file checksum (FNV-1a, 64 bits).
-uint64_t file_fnv1a(const std::filesystem::path& file);
 
 /// `object[key]`, or InputError naming `file` and the key.
 const Json& member(const Json& object, const char* key, const std::filesystem::path& file);

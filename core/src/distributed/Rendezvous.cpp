@@ -6,17 +6,10 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "trainer/Errors.h"
+#include "util/Hash.h"
 
 namespace trainer {
 
-namespace {
-// FNV-1a: a stable hash, so ranks built from the same sources agree.
-uint64_t fnv1a(const std::string& text) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const unsigned char c : text) hash = (hash ^ c) * 0x100000001b3ULL;
-  return hash;
-}
-}  // namespace
 
 c10::intrusive_ptr<c10d::Store> join_store(const WorldInfo& world, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions options;
@@ -30,8 +23,10 @@ c10::intrusive_ptr<c10d::Store> join_store(const WorldInfo& world, std::chrono::
   } catch (const std::exception& error) {
     const std::string where = fmt::format("{}:{}", world.master_addr, world.master_port);
     if (options.isServer) {
-      throw InputError(fmt::format("rank 0 cannot listen on MASTER_ADDR:MASTER_PORT = {} (is the port already in "
-                                   "use? choose another MASTER_PORT): {}", where, error.what()));
+      throw InputError(
+          fmt::format("rank 0 cannot listen on MASTER_ADDR:MASTER_PORT = {} (is the port already in "
+                      "use? choose another MASTER_PORT): {}",
+                      where, error.what()));
     }
     throw TrainingError(fmt::format("rank {} cannot reach the rendezvous at {} within {} s: {}", world.rank, where,
                                     timeout.count() / 1000.0, error.what()));
@@ -39,16 +34,17 @@ c10::intrusive_ptr<c10d::Store> join_store(const WorldInfo& world, std::chrono::
 }
 
 void check_same_recipe(c10d::Store& store, const WorldInfo& world, const std::string& resolved_recipe) {
-  const std::string mine = fmt::format("{:016x}", fnv1a(resolved_recipe));
+  const std::string mine = text_xxh3(resolved_recipe);
   store.set(fmt::format("trainer/recipe/{}", world.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
   std::string mismatch;
   for (int rank = 0; rank < world.world_size && mismatch.empty(); ++rank) {
     const std::vector<uint8_t> theirs_bytes = store.get(fmt::format("trainer/recipe/{}", rank));
     const std::string theirs(theirs_bytes.begin(), theirs_bytes.end());
     if (theirs != mine) {
-      mismatch = fmt::format("rank {}'s resolved recipe (hash {}) differs from rank {}'s (hash {}): every rank "
-                             "must run the same recipe and --set overrides",
-                             world.rank, mine, rank, theirs);
+      mismatch = fmt::format(
+          "rank {}'s resolved recipe (hash {}) differs from rank {}'s (hash {}): every rank "
+          "must run the same recipe and --set overrides",
+          world.rank, mine, rank, theirs);
     }
   }
   // Rank 0 hosts the store: it leaves only once every rank has compared, so

@@ -18,6 +18,7 @@
 
 #include "recipe/TomlText.h"
 #include "trainer/Errors.h"
+#include "util/Hash.h"
 
 namespace trainer {
 
@@ -413,9 +414,7 @@ std::string Recipe::fingerprint(int64_t global_batch_size) const {
   out.insert("global_batch_size", global_batch_size);
   std::ostringstream text;
   text << out;
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const unsigned char c : text.str()) hash = (hash ^ c) * 0x100000001b3ULL;
-  return fmt::format("{:016x}", hash);
+  return fmt::format("{:016x}", fnv1a(text.str()));
 }
 
 BatchShape batch_shape(const Recipe& recipe, int world_size) {

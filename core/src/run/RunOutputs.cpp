@@ -8,11 +8,11 @@
 #include <fmt/format.h>
 
 #include "checkpoint/Checkpoint.h"
-#include "util/Files.h"
 #include "checkpoint/Manifest.h"
 #include "trainer/Errors.h"
 #include "trainer/util/JsonSupport.h"
 #include "trainer/util/Safetensors.h"
+#include "util/Files.h"
 
 namespace trainer {
 
@@ -50,11 +50,10 @@ void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, c
 // size or strategy.
 void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const fs::path& file, bool writer,
                    int64_t steps, int64_t applied_updates, const std::vector<torch::Tensor>& consolidated) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
+  uint64_t hash = kFnv1aOffset;
   for (const FlatSlice& slice : strategy.parameter_slices()) {
     const torch::Tensor host = slice.values.to(torch::kCPU).contiguous();
-    const auto* bytes = static_cast<const unsigned char*>(host.data_ptr());
-    for (int64_t i = 0; i < host.numel() * host.element_size(); ++i) hash = (hash ^ bytes[i]) * 0x100000001b3ULL;
+    hash = fnv1a(host.data_ptr(), static_cast<size_t>(host.numel() * host.element_size()), hash);
   }
   torch::Tensor local = torch::tensor({static_cast<int64_t>(hash)}, torch::kInt64).to(device);
   torch::Tensor all = torch::zeros({comm.world_size()}, local.options());
@@ -75,7 +74,7 @@ void write_summary(Strategy& strategy, Comm& comm, torch::Device device, const f
 std::string tensors_xxh3(const std::vector<torch::Tensor>& tensors) {
   std::vector<std::string_view> pieces;
   for (const torch::Tensor& t : tensors) pieces.emplace_back(static_cast<const char*>(t.data_ptr()), t.nbytes());
-  return manifest::pieces_xxh3(pieces);
+  return pieces_xxh3(pieces);
 }
 
 // The parameters, consolidated: every rank contributes the ranges of the
