@@ -2,18 +2,18 @@
 // trainer binary, reading metrics.
 #pragma once
 
+#include <sys/wait.h>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <sys/wait.h>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "util/Files.h"
 #include "tools/Metrics.h"
+#include "util/Files.h"
 
 namespace trainer::testing {
 
@@ -87,3 +87,20 @@ inline std::vector<double> quickstart_losses(const std::string& name, const std:
 }
 
 }  // namespace trainer::testing
+
+namespace trainer {
+
+// The helpers every test file uses, named without a preamble of its own.
+using testing::column;
+using testing::CommandResult;
+using testing::read_file;
+using testing::run_command;
+using testing::scratch_dir;
+using testing::source_path;
+using testing::trainer;
+using testing::write_file;
+
+/// configs/quickstart.toml, for the integration tests that vary it.
+inline const std::string& kQuickstart = testing::quickstart_recipe();
+
+}  // namespace trainer

@@ -10,10 +10,6 @@
 namespace trainer {
 namespace {
 
-using testing::scratch_dir;
-using testing::trainer;
-using testing::write_file;
-
 struct Case {
   std::string strategy;
   std::string split;  // micro,accum,world
@@ -32,7 +28,8 @@ class Conformance : public ::testing::TestWithParam<Case> {};
 TEST_P(Conformance, MatchesTheFp64Reference) {
   const Case& c = GetParam();
   const std::string dir = scratch_dir("Conformance_" + name_of({c, 0}));
-  const auto result = trainer("check-plugin " + c.strategy + " --split " + c.split + " --report " + dir + "/report.jsonl");
+  const auto result =
+      trainer("check-plugin " + c.strategy + " --split " + c.split + " --report " + dir + "/report.jsonl");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const std::vector<MetricsRow> rows = read_metrics(dir + "/report.jsonl");
   int world = 0;
@@ -93,9 +90,10 @@ TEST(ConformanceBf16, AccumulationStaysWithinTheFp32Bound) {
 // a split that exposes it.
 TEST(ConformanceNegativeControl, BrokenAccumulatorsFail) {
   const std::string fixtures = std::string(TRAINER_FIXTURE_DIR) + "/strategies/";
-  for (const auto& [name, split] : std::vector<std::pair<std::string, std::string>>{
-           {"last-micro-only", "2,4,1"}, {"mean-of-means", "1,8,1"}, {"double-division", "2,4,1"},
-           {"mean-of-means", "2,2,2"}}) {
+  for (const auto& [name, split] : std::vector<std::pair<std::string, std::string>>{{"last-micro-only", "2,4,1"},
+                                                                                    {"mean-of-means", "1,8,1"},
+                                                                                    {"double-division", "2,4,1"},
+                                                                                    {"mean-of-means", "2,2,2"}}) {
     const std::string dir = scratch_dir("ConformanceBroken_" + name);
     const auto result = trainer("check-plugin " + fixtures + "trainer-strategy-" + name + ".so --split " + split +
                                 " --report " + dir + "/report.jsonl");
@@ -106,8 +104,10 @@ TEST(ConformanceNegativeControl, BrokenAccumulatorsFail) {
   }
   // A bf16 accumulator: fine in fp32, caught by the bf16 check.
   const std::string dir = scratch_dir("ConformanceBroken_bf16");
-  const auto result = trainer("check-plugin " + fixtures + "trainer-strategy-bf16-accumulator.so --split 8,1,1 --bf16 "
-                              "--report " + dir + "/report.jsonl");
+  const auto result = trainer("check-plugin " + fixtures +
+                              "trainer-strategy-bf16-accumulator.so --split 8,1,1 --bf16 "
+                              "--report " +
+                              dir + "/report.jsonl");
   EXPECT_EQ(result.exit_code, 1) << result.output;
   const MetricsRow row = read_metrics(dir + "/report.jsonl").at(0);
   EXPECT_LE(row.at("grad_error"), 1e-5);
@@ -161,10 +161,12 @@ TEST(ConformanceNegativeControl, SlicesThatMissTheirChunkFail) {
       << result.output;
   EXPECT_NE(result.output.find("must cover every element of every group"), std::string::npos) << result.output;
   const std::string dir = scratch_dir("ConformanceWrongChunkRun");
-  const std::string recipe = write_file(dir + "/recipe.toml", "[run]\noutput_dir = '" + dir + "/run'\n"
-                                        "[model]\nname = 'qwen2'\n[dataset]\nname = 'synthetic'\n"
-                                        "[training]\nsteps = 2\nmicro_batch_size = 2\n[strategy]\nname = '" +
-                                        plugin + "'\n[distributed]\nnproc = 2\n");
+  const std::string recipe =
+      write_file(dir + "/recipe.toml", "[run]\noutput_dir = '" + dir +
+                                           "/run'\n"
+                                           "[model]\nname = 'qwen2'\n[dataset]\nname = 'synthetic'\n"
+                                           "[training]\nsteps = 2\nmicro_batch_size = 2\n[strategy]\nname = '" +
+                                           plugin + "'\n[distributed]\nnproc = 2\n");
   result = trainer("run " + recipe);
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("no rank's state_slices hold elements ["), std::string::npos) << result.output;
@@ -179,8 +181,10 @@ TEST(ConformanceNegativeControl, SlicesThatMissTheirChunkFail) {
 TEST(ConformanceNegativeControl, CheckpointsThatDoNotLoadFail) {
   const std::string fixtures = std::string(TRAINER_FIXTURE_DIR) + "/strategies/";
   const std::string dir = scratch_dir("ConformanceStateCopies");
-  auto result = trainer("check-plugin " + fixtures + "trainer-strategy-state-copies.so --split 8,1,1 --split 2,4,1 "
-                        "--report " + dir + "/bad.jsonl");
+  auto result = trainer("check-plugin " + fixtures +
+                        "trainer-strategy-state-copies.so --split 8,1,1 --split 2,4,1 "
+                        "--report " +
+                        dir + "/bad.jsonl");
   EXPECT_EQ(result.exit_code, 1) << result.output;
   std::vector<MetricsRow> rows = read_metrics(dir + "/bad.jsonl");
   ASSERT_EQ(rows.size(), 2u);
@@ -196,8 +200,10 @@ TEST(ConformanceNegativeControl, CheckpointsThatDoNotLoadFail) {
 TEST(ConformanceThirdParty, StrategiesFoundThroughPluginDirAreCheckedAtEveryWorldSize) {
   const std::string fixtures = std::string(TRAINER_FIXTURE_DIR) + "/strategies";
   const std::string dir = scratch_dir("ConformanceThirdParty");
-  auto result = trainer("--plugin-dir " + fixtures + " check-plugin plain-allreduce --split 8,1,1 --split 2,2,2 "
-                        "--split 1,2,4 --split 4,2,1 --timeout 60 --report " + dir + "/good.jsonl");
+  auto result = trainer("--plugin-dir " + fixtures +
+                        " check-plugin plain-allreduce --split 8,1,1 --split 2,2,2 "
+                        "--split 1,2,4 --split 4,2,1 --timeout 60 --report " +
+                        dir + "/good.jsonl");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   const std::vector<MetricsRow> good = read_metrics(dir + "/good.jsonl");
   ASSERT_EQ(good.size(), 1u + 2u + 4u + 1u) << "one row per rank of every split";
@@ -213,7 +219,8 @@ TEST(ConformanceThirdParty, StrategiesFoundThroughPluginDirAreCheckedAtEveryWorl
       EXPECT_LE(row.at("final_weights_error"), 1e-4);
     }
   }
-  result = trainer("--plugin-dir " + fixtures + " check-plugin last-micro-only --split 2,2,2 --report " + dir + "/bad.jsonl");
+  result = trainer("--plugin-dir " + fixtures + " check-plugin last-micro-only --split 2,2,2 --report " + dir +
+                   "/bad.jsonl");
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_EQ(result.output.find("unknown strategy plugin"), std::string::npos) << result.output;
   const std::vector<MetricsRow> rows = read_metrics(dir + "/bad.jsonl");
@@ -227,7 +234,8 @@ TEST(ConformanceGpu, EveryStrategyOnCudaOverNcclMatchesTheReference) {
     const std::string dir = scratch_dir(std::string("ConformanceGpu_") + strategy);
     const auto result = trainer(std::string("check-plugin ") + strategy +
                                 " --device cuda --backend nccl --backend-at-one-rank --split 8,1,1 --split 2,4,1 "
-                                "--split 1,8,1 --report " + dir + "/report.jsonl");
+                                "--split 1,8,1 --report " +
+                                dir + "/report.jsonl");
     ASSERT_EQ(result.exit_code, 0) << result.output;
     const std::vector<MetricsRow> rows = read_metrics(dir + "/report.jsonl");
     ASSERT_EQ(rows.size(), 3u);

@@ -9,8 +9,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    const trainer::Json manifest =
-        trainer::json_parse(std::string_view(reinterpret_cast<const char*>(data), size));
+    const trainer::Json manifest = trainer::json_parse(std::string_view(reinterpret_cast<const char*>(data), size));
     trainer::manifest::validate(manifest, "checkpoints/step-00000002/manifest.json");
   } catch (const std::exception&) {
   }

@@ -12,8 +12,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     constexpr size_t kDataBytes = 1 << 20;
-    const auto entries =
-        trainer::parse_safetensors_header(std::string_view(reinterpret_cast<const char*>(data), size), kDataBytes, "fuzz");
+    const auto entries = trainer::parse_safetensors_header(std::string_view(reinterpret_cast<const char*>(data), size),
+                                                           kDataBytes, "fuzz");
     for (const trainer::SafetensorsEntry& e : entries) {
       if (e.end > kDataBytes || e.begin > e.end) __builtin_trap();  // the contract the reader relies on
     }

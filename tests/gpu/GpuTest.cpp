@@ -12,23 +12,16 @@
 #include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "plugin/PluginRegistry.h"
 #include "TestSupport.h"
+#include "gpu/GpuTestSupport.h"
+#include "plugin/PluginRegistry.h"
 #include "trainer/Comm.h"
 #include "trainer/Errors.h"
 
 namespace trainer {
 namespace {
 
-using testing::column;
-using testing::scratch_dir;
-using testing::source_path;
-using testing::trainer;
-
-#define REQUIRE_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
-
-const torch::Device kCuda(torch::kCUDA, 0);
+using testing::kCuda;
 
 // The nccl plugin, connected as the only rank on GPU 0.
 std::unique_ptr<Comm> nccl_at_one_rank(std::chrono::milliseconds timeout) {

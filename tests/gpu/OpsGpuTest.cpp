@@ -8,8 +8,8 @@
 #include <torch/autograd.h>
 #include <torch/cuda.h>
 
+#include "gpu/GpuTestSupport.h"
 #include "reproducible/ExactGradients.h"
-#include "trainer/sharding/AdamW.h"
 #include "trainer/Comm.h"
 #include "trainer/Model.h"
 #include "trainer/ops/Linear.h"
@@ -17,14 +17,12 @@
 #include "trainer/ops/RmsNorm.h"
 #include "trainer/ops/Rotary.h"
 #include "trainer/ops/SwiGlu.h"
+#include "trainer/sharding/AdamW.h"
 
 namespace trainer {
 namespace {
 
-#define REQUIRE_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
-
-const torch::Device kCuda(torch::kCUDA, 0);
+using testing::kCuda;
 
 double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
   const torch::Tensor x = a.to(torch::kCPU, torch::kFloat64), y = b.to(torch::kCPU, torch::kFloat64);
@@ -129,8 +127,7 @@ TEST(OpsGpu, LinearAddsWeightGradientsIntoBoundFp32Buffers) {
     }
     for (const torch::Tensor& w : weights) {
       const void* bound = buffer.data_ptr<float>() + (w.data_ptr<at::BFloat16>() - flat.data_ptr<at::BFloat16>());
-      EXPECT_EQ(static_cast<const void*>(w.grad().data_ptr()), bound)
-          << "the bound buffer was replaced";
+      EXPECT_EQ(static_cast<const void*>(w.grad().data_ptr()), bound) << "the bound buffer was replaced";
     }
     EXPECT_LT(relative_error(buffer.view({rows, in}), expected), 1e-5) << (stacked ? "stacked" : "one weight");
   }
@@ -189,14 +186,16 @@ TEST(OpsGpu, LinearCrossEntropyKernelGivesTheLossAndBothGradients) {
         (ops::linear_cross_entropy_sum(h, w, labels.to(kCuda), /*chunk_rows=*/64) * 0.5).backward();
       }
       EXPECT_EQ(w.grad().data_ptr(), buffer.data_ptr());
-      EXPECT_LT(relative_error(buffer, 2 * reference[2]), tolerance(torch::kBFloat16)) << "bound fp32 .grad, vocab " << vocab;
+      EXPECT_LT(relative_error(buffer, 2 * reference[2]), tolerance(torch::kBFloat16))
+          << "bound fp32 .grad, vocab " << vocab;
     }
     for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
       const std::vector<torch::Tensor> gpu = run(kCuda, dtype);
       // bf16 inputs round the GEMM operands (2^-9 relative) before fp32 accumulation: 2e-2, as above.
       const char* names[] = {"loss", "hidden gradient", "weight gradient"};
       for (size_t i = 0; i < 3; ++i) {
-        EXPECT_LT(relative_error(gpu[i], reference[i]), tolerance(dtype)) << names[i] << " " << dtype << " vocab " << vocab;
+        EXPECT_LT(relative_error(gpu[i], reference[i]), tolerance(dtype))
+            << names[i] << " " << dtype << " vocab " << vocab;
       }
     }
   }

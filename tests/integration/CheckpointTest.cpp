@@ -18,14 +18,6 @@
 namespace trainer {
 namespace {
 
-using testing::read_file;
-using testing::run_command;
-using testing::scratch_dir;
-using testing::source_path;
-using testing::trainer;
-
-const std::string& kQuickstart = testing::quickstart_recipe();
-
 // Quickstart (global batch 8) with `strategy` at `world` ranks.
 std::string setup(const std::string& strategy, int world) {
   return " --set strategy.name=" + strategy + " --set training.micro_batch_size=" + std::to_string(8 / world) +
@@ -77,7 +69,8 @@ TEST(Checkpoint, ExportsACheckpointWrittenAtAnyWorldSize) {
   // The same weights as the run's own consolidated file (both fp32, the same step).
   EXPECT_EQ(read_file(hf + "/model.safetensors").size(), read_file(dir + "/model.safetensors").size());
   const std::string tokens = testing::write_file(dir + "/tokens.txt", "3 1 4 1 5 9\n");
-  const auto a = trainer("forward " + kQuickstart + " --set model.hf_dir=" + hf + " --tokens " + tokens + " --out " + dir + "/a.bin");
+  const auto a = trainer("forward " + kQuickstart + " --set model.hf_dir=" + hf + " --tokens " + tokens + " --out " +
+                         dir + "/a.bin");
   const auto b = trainer("forward " + kQuickstart + " --set model.init_from=" + dir + "/model.safetensors --tokens " +
                          tokens + " --out " + dir + "/b.bin");
   ASSERT_EQ(a.exit_code, 0) << a.output;
@@ -153,14 +146,18 @@ TEST(Checkpoint, SigtermWritesACheckpointAndResumeMatches) {
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 75) << read_file(dir + "/log.txt");
   std::string checkpoint;
-  for (const auto& entry : std::filesystem::directory_iterator(dir + "/checkpoints")) checkpoint = entry.path().string();
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/checkpoints"))
+    checkpoint = entry.path().string();
   ASSERT_FALSE(checkpoint.empty());
   const int64_t stopped = json_parse(read_file(checkpoint + "/manifest.json")).at("step").get<int64_t>();
   const std::string total = std::to_string(stopped + 3);
-  run_ok(dir, "--set training.micro_batch_size=4 --nproc 2 --set lr_schedule.name=constant --set checkpoint.resume=auto "
-              "--set training.steps=" + total);
+  run_ok(dir,
+         "--set training.micro_batch_size=4 --nproc 2 --set lr_schedule.name=constant --set checkpoint.resume=auto "
+         "--set training.steps=" +
+             total);
   const std::string straight = scratch_dir("CkSigtermStraight");
-  run_ok(straight, "--set training.micro_batch_size=4 --nproc 2 --set lr_schedule.name=constant --set training.steps=" + total);
+  run_ok(straight,
+         "--set training.micro_batch_size=4 --nproc 2 --set lr_schedule.name=constant --set training.steps=" + total);
   const auto same = trainer("compare --rtol 0 " + straight + " " + dir);
   EXPECT_EQ(same.exit_code, 0) << same.output;
 }

@@ -1,7 +1,7 @@
 // The command line: exit codes (0 ok, 2 bad input, 1 training failure), the
 // run's outputs, and every recipe in configs/ running.
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -17,22 +17,14 @@
 namespace trainer {
 namespace {
 
-using testing::CommandResult;
-using testing::read_file;
-using testing::scratch_dir;
-using testing::source_path;
-using testing::trainer;
-using testing::write_file;
-
-const std::string& kQuickstart = testing::quickstart_recipe();
-
 bool contains(const CommandResult& result, const std::string& text) {
   return result.output.find(text) != std::string::npos;
 }
 
 TEST(Cli, RunWritesResolvedRecipeAndMetrics) {
   const std::string dir = scratch_dir("CliRun");
-  const CommandResult result = trainer("run " + kQuickstart + " --set run.output_dir=" + dir + " --set training.steps=4");
+  const CommandResult result =
+      trainer("run " + kQuickstart + " --set run.output_dir=" + dir + " --set training.steps=4");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_TRUE(contains(result, "step 4/4 | loss ")) << result.output;  // the console progress line
   const std::vector<MetricsRow> rows = read_metrics(dir + "/metrics.jsonl");
@@ -80,8 +72,8 @@ TEST(Cli, BadRecipesExitWithTwoAndNameTheProblem) {
 std::string run_and_resume(const std::string& dir, const std::string& logger, int interval) {
   const std::string recipe = write_file(dir + "/recipe.toml", read_file(kQuickstart) + "\n[[logger]]\nname = '" +
                                                                   logger + "'\n[[logger]]\nname = 'jsonl'\n");
-  const std::string out = " --set run.output_dir=" + dir + "/run --set checkpoint.interval=" +
-                          std::to_string(interval) + " --set training.steps=";
+  const std::string out = " --set run.output_dir=" + dir +
+                          "/run --set checkpoint.interval=" + std::to_string(interval) + " --set training.steps=";
   const CommandResult first = trainer("run " + recipe + out + "4");
   EXPECT_EQ(first.exit_code, 0) << first.output;
   const CommandResult resumed = trainer("run " + recipe + out + "6 --set checkpoint.resume=auto");
@@ -112,8 +104,10 @@ TEST(Cli, CsvLoggerWritesTheJsonlColumnsAndSurvivesResume) {
                             "step_seconds", "skipped", "tokens_per_second", "mfu", "data_seconds"}) {
       std::getline(fields, field, ',');
       const double value = records[row].at(key);
-      if (std::isnan(value)) EXPECT_EQ(field, "nan") << key << " of row " << row;
-      else EXPECT_EQ(std::stod(field), value) << key << " of row " << row;
+      if (std::isnan(value))
+        EXPECT_EQ(field, "nan") << key << " of row " << row;
+      else
+        EXPECT_EQ(std::stod(field), value) << key << " of row " << row;
     }
     std::getline(fields, field, ',');
     EXPECT_EQ(field, "") << "memory_allocated_bytes does not apply on the CPU";
@@ -130,7 +124,8 @@ TEST(Cli, CsvLoggerWritesTheJsonlColumnsAndSurvivesResume) {
 // over the given peak; the CPU reports its resident set, not CUDA memory.
 TEST(Cli, MetricsCarryThroughputMfuDataTimeAndMemory) {
   const std::string dir = scratch_dir("CliMetrics");
-  const std::string recipe = write_file(dir + "/recipe.toml", read_file(kQuickstart) + "\n[[logger]]\nname = 'jsonl'\n");
+  const std::string recipe =
+      write_file(dir + "/recipe.toml", read_file(kQuickstart) + "\n[[logger]]\nname = 'jsonl'\n");
   const CommandResult run = trainer("run " + recipe + " --set run.output_dir=" + dir +
                                     "/run --set training.steps=3 --set run.peak_tflops=0.25 --set logger.0.interval=1");
   ASSERT_EQ(run.exit_code, 0) << run.output;
@@ -253,8 +248,10 @@ std::vector<EventScalars> read_events(const std::string& file) {
           float number = NAN;
           for (Wire v{value}; v.at < value.size();) {
             const uint64_t vk = v.varint();
-            if (vk == (1 << 3 | 2)) tag = v.take(v.varint());
-            else if (vk == (2 << 3 | 5)) std::memcpy(&number, v.take(4).data(), 4);
+            if (vk == (1 << 3 | 2))
+              tag = v.take(v.varint());
+            else if (vk == (2 << 3 | 5))
+              std::memcpy(&number, v.take(4).data(), 4);
           }
           event.values[tag] = number;
         }
@@ -274,7 +271,8 @@ TEST(Cli, TensorBoardEventFilesHoldTheMetrics) {
   const std::string dir = scratch_dir("CliTensorBoard");
   run_and_resume(dir, "tensorboard", 3);
   std::vector<std::string> files;
-  for (const auto& entry : std::filesystem::directory_iterator(dir + "/run/tensorboard")) files.push_back(entry.path().string());
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/run/tensorboard"))
+    files.push_back(entry.path().string());
   std::sort(files.begin(), files.end());
   ASSERT_EQ(files.size(), 2u);
   EXPECT_NE(files[0].find("/events.out.tfevents."), std::string::npos);
@@ -314,8 +312,9 @@ TEST(Cli, BrokenPluginFilesExitWithTwo) {
       {fixtures + "/bad-abi/trainer-fixture-badabi.so", "plugin ABI version 999 does not match"},
   };
   for (const auto& [file, expected] : cases) {
-    const std::string recipe = write_file(
-        dir + "/recipe.toml", "[model]\nname = 'qwen2'\n[dataset]\nname = 'synthetic'\n[[logger]]\nname = '" + file + "'\n");
+    const std::string recipe =
+        write_file(dir + "/recipe.toml",
+                   "[model]\nname = 'qwen2'\n[dataset]\nname = 'synthetic'\n[[logger]]\nname = '" + file + "'\n");
     const CommandResult result = trainer("validate " + recipe);
     EXPECT_EQ(result.exit_code, 2) << result.output;
     EXPECT_TRUE(contains(result, expected)) << result.output;
@@ -398,8 +397,8 @@ TEST(Cli, TokenizeWritesTheTokensFileAndItsDocumentOffsets) {
     return v;
   };
   for (const char* threads : {"1", "3"}) {
-    const CommandResult run = trainer("tokenize " + dir + "/corpus.jsonl --tokenizer " + tokenizer_dir + " --out " + dir +
-                                      "/t" + threads + ".bin --threads " + threads);
+    const CommandResult run = trainer("tokenize " + dir + "/corpus.jsonl --tokenizer " + tokenizer_dir + " --out " +
+                                      dir + "/t" + threads + ".bin --threads " + threads);
     ASSERT_EQ(run.exit_code, 0) << run.output;
     EXPECT_TRUE(contains(run, "tokens/s")) << run.output;
     EXPECT_EQ(read_u32(dir + "/t" + threads + ".bin"), expected) << threads << " thread(s)";
@@ -411,24 +410,27 @@ TEST(Cli, TokenizeWritesTheTokensFileAndItsDocumentOffsets) {
   // A bad line: exit 2 naming file and line, the earlier output untouched.
   write_file(dir + "/bad.jsonl", corpus + "{\"txt\": \"no text field\"}\n");
   const std::string before = read_file(dir + "/t1.bin");
-  const CommandResult bad = trainer("tokenize " + dir + "/bad.jsonl --tokenizer " + tokenizer_dir + " --out " + dir + "/t1.bin");
+  const CommandResult bad =
+      trainer("tokenize " + dir + "/bad.jsonl --tokenizer " + tokenizer_dir + " --out " + dir + "/t1.bin");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
-  EXPECT_TRUE(contains(bad, dir + "/bad.jsonl:2101: expected a JSON object with a string field \"text\"")) << bad.output;
+  EXPECT_TRUE(contains(bad, dir + "/bad.jsonl:2101: expected a JSON object with a string field \"text\""))
+      << bad.output;
   EXPECT_EQ(read_file(dir + "/t1.bin"), before);
   EXPECT_FALSE(std::filesystem::exists(dir + "/t1.bin.partial"));
-  const CommandResult skipped = trainer("tokenize " + dir + "/bad.jsonl --tokenizer " + tokenizer_dir + " --out " + dir +
-                                        "/skip.bin --skip-bad-lines");
+  const CommandResult skipped = trainer("tokenize " + dir + "/bad.jsonl --tokenizer " + tokenizer_dir + " --out " +
+                                        dir + "/skip.bin --skip-bad-lines");
   EXPECT_EQ(skipped.exit_code, 0) << skipped.output;
   EXPECT_TRUE(contains(skipped, "skipped 1 bad line(s); the first: " + dir + "/bad.jsonl:2101")) << skipped.output;
   EXPECT_EQ(read_u32(dir + "/skip.bin"), expected);
   // The output trains as the tokens dataset.
   const std::string recipe = write_file(
       dir + "/recipe.toml",
-      "[run]\noutput_dir = '" + dir + "/run'\n[model]\nname = 'qwen2'\nvocab_size = " +
-          std::to_string(tokenizer->vocab_size()) +
+      "[run]\noutput_dir = '" + dir +
+          "/run'\n[model]\nname = 'qwen2'\nvocab_size = " + std::to_string(tokenizer->vocab_size()) +
           "\nhidden_size = 16\nintermediate_size = 32\nnum_attention_heads = 2\nnum_key_value_heads = 1\n"
-          "[dataset]\nname = 'tokens'\npath = '" + dir + "/t3.bin'\ndtype = 'uint32'\nseq_len = 32\nvocab_size = " +
-          std::to_string(tokenizer->vocab_size()) + "\n[training]\nsteps = 2\nmicro_batch_size = 2\n");
+          "[dataset]\nname = 'tokens'\npath = '" +
+          dir + "/t3.bin'\ndtype = 'uint32'\nseq_len = 32\nvocab_size = " + std::to_string(tokenizer->vocab_size()) +
+          "\n[training]\nsteps = 2\nmicro_batch_size = 2\n");
   const CommandResult train = trainer("run " + recipe);
   EXPECT_EQ(train.exit_code, 0) << train.output;
 }
@@ -443,8 +445,8 @@ TEST(Cli, CompareHtmlReportRendersInChromium) {
   for (const auto& [name, split] : std::vector<std::pair<std::string, std::string>>{
            {"a", " --set training.micro_batch_size=8"},
            {"b", " --set training.micro_batch_size=2 --set training.grad_accum_steps=4"}}) {
-    const CommandResult run = trainer("run " + kQuickstart + " --set run.output_dir=" + dir + "/" + name +
-                                      " --set training.steps=8" + split);
+    const CommandResult run =
+        trainer("run " + kQuickstart + " --set run.output_dir=" + dir + "/" + name + " --set training.steps=8" + split);
     ASSERT_EQ(run.exit_code, 0) << run.output;
   }
   const std::string report = dir + "/report.html";
@@ -458,10 +460,12 @@ TEST(Cli, CompareHtmlReportRendersInChromium) {
   EXPECT_EQ(page.find("<link"), std::string::npos);
   const CommandResult which = testing::run_command("command -v chromium");
   ASSERT_EQ(which.exit_code, 0) << "chromium is not installed (scripts/test.sh installs it)";
-  const std::string flags = " --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1200,1900"
-                            " --virtual-time-budget=5000 --user-data-dir=" + dir + "/chromium ";
-  const CommandResult dom = testing::run_command("timeout 120 chromium" + flags + "--dump-dom file://" + report +
-                                                 " 2>/dev/null");
+  const std::string flags =
+      " --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1200,1900"
+      " --virtual-time-budget=5000 --user-data-dir=" +
+      dir + "/chromium ";
+  const CommandResult dom =
+      testing::run_command("timeout 120 chromium" + flags + "--dump-dom file://" + report + " 2>/dev/null");
   ASSERT_EQ(dom.exit_code, 0) << dom.output;
   EXPECT_NE(dom.output.find("data-rendered=\"5\""), std::string::npos) << dom.output.substr(0, 2000);
   EXPECT_EQ(dom.output.find("data-errors"), std::string::npos) << dom.output.substr(0, 2000);

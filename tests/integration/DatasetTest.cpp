@@ -13,15 +13,12 @@
 namespace trainer {
 namespace {
 
-using testing::read_file;
-using testing::scratch_dir;
-using testing::trainer;
-using testing::write_file;
-
 std::string recipe(const std::string& dir, const std::string& dataset, int64_t vocab = 258) {
-  return write_file(dir + "/recipe.toml", "[run]\noutput_dir = '" + dir + "/run'\n[model]\nname = 'qwen2'\nvocab_size = " +
-                                              std::to_string(vocab) + "\nhidden_size = 16\nintermediate_size = 32\n"
-                                              "num_attention_heads = 2\nnum_key_value_heads = 1\n[dataset]\n" + dataset +
+  return write_file(dir + "/recipe.toml", "[run]\noutput_dir = '" + dir +
+                                              "/run'\n[model]\nname = 'qwen2'\nvocab_size = " + std::to_string(vocab) +
+                                              "\nhidden_size = 16\nintermediate_size = 32\n"
+                                              "num_attention_heads = 2\nnum_key_value_heads = 1\n[dataset]\n" +
+                                              dataset +
                                               "[training]\nsteps = 2\nmicro_batch_size = 1\ngrad_accum_steps = 2\n");
 }
 
@@ -30,7 +27,8 @@ TEST(Datasets, JsonlTextInFileOrderCountsCompletionTargets) {
   write_file(dir + "/data.jsonl",
              "{\"prompt\": \"Q: 1+1\", \"completion\": \"2\"}\n\n{\"prompt\": \"Q: hi\", \"completion\": \"hello\"}\n"
              "{\"prompt\": \"x\", \"completion\": \"\\u00e9\"}\n");
-  const auto result = trainer("run " + recipe(dir, "name = 'jsonl'\npath = '" + dir + "/data.jsonl'\nshuffle = false\n"));
+  const auto result =
+      trainer("run " + recipe(dir, "name = 'jsonl'\npath = '" + dir + "/data.jsonl'\nshuffle = false\n"));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const auto rows = read_metrics(dir + "/run/metrics.jsonl");
   ASSERT_EQ(rows.size(), 2u);
@@ -52,21 +50,21 @@ TEST(Datasets, JsonlTextThroughAHuggingFaceTokenizer) {
   write_file(dir + "/data.jsonl",
              "{\"prompt\": \"Question: what is 12 * 12?\", \"completion\": \" 144, of course.\"}\n"
              "{\"text\": \"Plain pretraining text, 中文 and emoji 👍.\"}\n");
-  const std::string dataset = "name = 'jsonl'\npath = '" + dir + "/data.jsonl'\nshuffle = false\ntokenizer = '" +
-                              tokenizer_dir + "'\n";
+  const std::string dataset =
+      "name = 'jsonl'\npath = '" + dir + "/data.jsonl'\nshuffle = false\ntokenizer = '" + tokenizer_dir + "'\n";
   const auto result = trainer("run " + recipe(dir, dataset, tokenizer->vocab_size()) + " --set training.steps=1");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const auto rows = read_metrics(dir + "/run/metrics.jsonl");
   ASSERT_EQ(rows.size(), 1u);
-  const size_t completion = tokenizer->encode(" 144, of course.").size() + 1;  // + EOS
+  const size_t completion = tokenizer->encode(" 144, of course.").size() + 1;                 // + EOS
   const size_t text = tokenizer->encode("Plain pretraining text, 中文 and emoji 👍.").size();  // + EOS - the first
   EXPECT_EQ(rows[0].at("target_tokens"), static_cast<double>(completion + text));
   const auto small = trainer("run " + recipe(dir, dataset + "vocab_size = 1000\n", 1000));
   EXPECT_EQ(small.exit_code, 2) << small.output;
   EXPECT_NE(small.output.find("vocab_size"), std::string::npos) << small.output;
   EXPECT_NE(small.output.find("at least the tokenizer's 151669"), std::string::npos) << small.output;
-  const auto missing = trainer("run " + recipe(dir, "name = 'jsonl'\npath = '" + dir + "/data.jsonl'\ntokenizer = '" +
-                                                   dir + "/nowhere'\n"));
+  const auto missing = trainer(
+      "run " + recipe(dir, "name = 'jsonl'\npath = '" + dir + "/data.jsonl'\ntokenizer = '" + dir + "/nowhere'\n"));
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_NE(missing.output.find("dataset.tokenizer: " + dir + "/nowhere: no tokenizer.json"), std::string::npos)
       << missing.output;
@@ -100,9 +98,10 @@ TEST(Datasets, FineTuneConfigTrainsAHuggingFaceDirectoryOnText) {
     targets += tokenizer->encode(completion).size() + 1;  // + EOS
   }
   write_file(dir + "/train.jsonl", data);
-  const auto run = trainer("run " + testing::source_path("configs/finetune/hf-text.toml") + " --set model.hf_dir=" + hf +
-                           " --set dataset.path=" + dir + "/train.jsonl --set run.output_dir=" + dir + "/run" +
-                           " --set training.steps=2 --set training.micro_batch_size=2 --set training.grad_accum_steps=2");
+  const auto run =
+      trainer("run " + testing::source_path("configs/finetune/hf-text.toml") + " --set model.hf_dir=" + hf +
+              " --set dataset.path=" + dir + "/train.jsonl --set run.output_dir=" + dir + "/run" +
+              " --set training.steps=2 --set training.micro_batch_size=2 --set training.grad_accum_steps=2");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   const auto rows = read_metrics(dir + "/run/metrics.jsonl");
   ASSERT_EQ(rows.size(), 2u);
@@ -115,12 +114,16 @@ TEST(Datasets, FineTuneConfigTrainsAHuggingFaceDirectoryOnText) {
 
 TEST(Datasets, JsonlIdsAndErrorsNameFileAndLine) {
   const std::string dir = scratch_dir("JsonlIds");
-  write_file(dir + "/ids.jsonl", "{\"prompt_ids\": [1, 2, 3], \"completion_ids\": [4, 5]}\n"
-                                 "{\"prompt_ids\": [6], \"completion_ids\": [7, 8, 9]}\n");
-  EXPECT_EQ(trainer("run " + recipe(dir, "name = 'jsonl'\npath = '" + dir + "/ids.jsonl'\nvocab_size = 16\n", 16)).exit_code, 0);
+  write_file(dir + "/ids.jsonl",
+             "{\"prompt_ids\": [1, 2, 3], \"completion_ids\": [4, 5]}\n"
+             "{\"prompt_ids\": [6], \"completion_ids\": [7, 8, 9]}\n");
+  EXPECT_EQ(
+      trainer("run " + recipe(dir, "name = 'jsonl'\npath = '" + dir + "/ids.jsonl'\nvocab_size = 16\n", 16)).exit_code,
+      0);
 
-  write_file(dir + "/bad.jsonl", "{\"prompt_ids\": [1, 2], \"completion_ids\": [3]}\n{\"prompt_ids\": [1], }\n"
-                                 "{\"prompt_ids\": [1], \"completion_ids\": [99]}\n");
+  write_file(dir + "/bad.jsonl",
+             "{\"prompt_ids\": [1, 2], \"completion_ids\": [3]}\n{\"prompt_ids\": [1], }\n"
+             "{\"prompt_ids\": [1], \"completion_ids\": [99]}\n");
   const std::string bad_dataset = "name = 'jsonl'\npath = '" + dir + "/bad.jsonl'\nvocab_size = 16\n";
   const auto bad = trainer("run " + recipe(dir, bad_dataset, 16));
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
@@ -130,7 +133,8 @@ TEST(Datasets, JsonlIdsAndErrorsNameFileAndLine) {
   EXPECT_NE(skipped.output.find("skipped 2 malformed line(s); the first: " + dir + "/bad.jsonl:2"), std::string::npos)
       << skipped.output;
   write_file(dir + "/range.jsonl", "{\"prompt_ids\": [1], \"completion_ids\": [99]}\n");
-  const auto range = trainer("run " + recipe(dir, "name = 'jsonl'\npath = '" + dir + "/range.jsonl'\nvocab_size = 16\n", 16));
+  const auto range =
+      trainer("run " + recipe(dir, "name = 'jsonl'\npath = '" + dir + "/range.jsonl'\nvocab_size = 16\n", 16));
   EXPECT_EQ(range.exit_code, 2) << range.output;
   EXPECT_NE(range.output.find("range.jsonl:1: \"completion_ids\"[0] = 99 is outside [0, vocab_size = 16)"),
             std::string::npos)
@@ -150,8 +154,8 @@ TEST(Datasets, TokensWindowsAndBadFiles) {
   const auto ok = trainer("run " + recipe(dir, dataset, 50));
   ASSERT_EQ(ok.exit_code, 0) << ok.output;
   EXPECT_EQ(read_metrics(dir + "/run/metrics.jsonl")[0].at("target_tokens"), 2 * 16);  // every token after the first
-  const auto small_vocab = trainer("run " + recipe(dir, "name = 'tokens'\npath = '" + dir +
-                                                            "/tokens.bin'\nseq_len = 16\nvocab_size = 10\n", 50));
+  const auto small_vocab = trainer(
+      "run " + recipe(dir, "name = 'tokens'\npath = '" + dir + "/tokens.bin'\nseq_len = 16\nvocab_size = 10\n", 50));
   EXPECT_EQ(small_vocab.exit_code, 2) << small_vocab.output;
   EXPECT_NE(small_vocab.output.find("is not below vocab_size 10"), std::string::npos) << small_vocab.output;
   std::ofstream(dir + "/tokens.bin", std::ios::binary | std::ios::app).write("x", 1);

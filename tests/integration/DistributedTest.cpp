@@ -21,15 +21,6 @@
 namespace trainer {
 namespace {
 
-using testing::column;
-using testing::read_file;
-using testing::run_command;
-using testing::scratch_dir;
-using testing::source_path;
-using testing::trainer;
-
-const std::string& kQuickstart = testing::quickstart_recipe();
-
 const auto& losses = testing::quickstart_losses;
 
 void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rtol, const std::string& what) {
@@ -64,8 +55,9 @@ TEST(Distributed, TwoRanksTrainLikeOneProcess) {
   // Same global batch of 8: 4 per rank, or 2 per micro-step x 2 accumulation
   // steps with per-parameter buckets reduced during backward.
   const std::vector<double> two = losses("Dist2", steps + "--set training.micro_batch_size=4 --nproc 2");
-  const std::string accumulated = steps + "--set training.micro_batch_size=2 --set training.grad_accum_steps=2 "
-                                          "--set strategy.bucket_mb=0.01 --nproc 2";
+  const std::string accumulated = steps +
+                                  "--set training.micro_batch_size=2 --set training.grad_accum_steps=2 "
+                                  "--set strategy.bucket_mb=0.01 --nproc 2";
   const std::vector<double> overlapped = losses("Dist2Overlap", accumulated);  // overlap is the default
   // fp32 sums in another order (per rank, then across ranks); seen ~1e-7.
   expect_close(two, one, 1e-5, "2 ranks");
@@ -73,7 +65,9 @@ TEST(Distributed, TwoRanksTrainLikeOneProcess) {
   // Overlap changes when each bucket's all-reduce starts, never what it sums: the same bits, in fp32 and in bf16.
   EXPECT_EQ(losses("Dist2AtTheBoundary", accumulated + " --set strategy.overlap=false"), overlapped);
   const std::vector<double> bf16 = losses("Dist2Bf16Overlap", accumulated + " --set strategy.reduce_dtype=bf16");
-  EXPECT_EQ(losses("Dist2Bf16AtTheBoundary", accumulated + " --set strategy.reduce_dtype=bf16 --set strategy.overlap=false"), bf16);
+  EXPECT_EQ(
+      losses("Dist2Bf16AtTheBoundary", accumulated + " --set strategy.reduce_dtype=bf16 --set strategy.overlap=false"),
+      bf16);
   expect_close(bf16, one, 1e-2, "2 ranks, bf16 all-reduce");  // bf16 sums: 8 significant bits
 }
 
@@ -83,8 +77,9 @@ TEST(Distributed, TwoRanksTrainLikeOneProcess) {
 // bits over it as over plain gloo, overlapping or not.
 TEST(Distributed, CommunicationLatencyChangesNoBits) {
   const std::string delayed = std::string(TRAINER_FIXTURE_DIR) + "/comm/trainer-comm-delayed-gloo.so";
-  const std::string base = "--set training.steps=4 --set training.micro_batch_size=2 --set training.grad_accum_steps=2 "
-                           "--nproc 2 --set strategy.name=";
+  const std::string base =
+      "--set training.steps=4 --set training.micro_batch_size=2 --set training.grad_accum_steps=2 "
+      "--nproc 2 --set strategy.name=";
   const std::vector<std::pair<std::string, std::string>> strategies = {
       {"ddp_overlap", "ddp --set strategy.bucket_mb=0.02"},
       {"ddp_boundary", "ddp --set strategy.bucket_mb=0.02 --set strategy.overlap=false"},
@@ -101,7 +96,8 @@ TEST(Distributed, CommunicationLatencyChangesNoBits) {
     const std::vector<double> plain = losses("Latency_plain_" + name, base + strategy);
     plain_of[name] = plain;
     setenv("TRAINER_COMM_DELAY_MS", "20", 1);
-    const std::vector<double> late = losses("Latency_delayed_" + name, base + strategy + " --set distributed.backend=" + delayed);
+    const std::vector<double> late =
+        losses("Latency_delayed_" + name, base + strategy + " --set distributed.backend=" + delayed);
     unsetenv("TRAINER_COMM_DELAY_MS");
     ASSERT_EQ(plain.size(), 4u) << name;
     EXPECT_EQ(late, plain) << name;
@@ -178,7 +174,8 @@ TEST(Distributed, MismatchedRecipesAreAClearError) {
                                   "(RANK=1 " + env + run + "4 > " + dir + "/r1 2>&1; echo $? > " + dir + "/c1) & wait");
   for (const char* rank : {"0", "1"}) {
     EXPECT_EQ(read_file(dir + "/c" + rank), "2\n") << read_file(dir + "/r" + rank);
-    EXPECT_NE(read_file(dir + "/r" + rank).find("differs from rank"), std::string::npos) << read_file(dir + "/r" + rank);
+    EXPECT_NE(read_file(dir + "/r" + rank).find("differs from rank"), std::string::npos)
+        << read_file(dir + "/r" + rank);
   }
 }
 

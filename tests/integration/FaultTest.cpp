@@ -22,28 +22,23 @@ namespace trainer {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::read_file;
-using testing::run_command;
-using testing::scratch_dir;
-using testing::source_path;
-using testing::trainer;
-
-const std::string& kQuickstart = testing::quickstart_recipe();
 
 TEST(Faults, DiskFullWhileCheckpointingKeepsEarlierCheckpoints) {
   const std::string straight = scratch_dir("FaultDiskStraight"), dir = scratch_dir("FaultDisk");
   const std::string args = " --set checkpoint.interval=2 --set checkpoint.keep=5 --set training.steps=";
   ASSERT_EQ(trainer("run " + kQuickstart + " --set run.output_dir=" + straight + args + "4").exit_code, 0);
   ASSERT_EQ(trainer("run " + kQuickstart + " --set run.output_dir=" + dir + args + "2").exit_code, 0);
-  const auto full = run_command("TRAINER_FAULT_INJECT=disk-full " + std::string(TRAINER_BINARY) + " run " + kQuickstart +
-                                " --set run.output_dir=" + dir + args + "4 --set checkpoint.resume=auto");
+  const auto full = run_command("TRAINER_FAULT_INJECT=disk-full " + std::string(TRAINER_BINARY) + " run " +
+                                kQuickstart + " --set run.output_dir=" + dir + args + "4 --set checkpoint.resume=auto");
   EXPECT_EQ(full.exit_code, 1) << full.output;
   EXPECT_NE(full.output.find("No space left on device"), std::string::npos) << full.output;
   EXPECT_NE(full.output.find("step-00000004.tmp/rank-00000.safetensors"), std::string::npos) << full.output;
   // The checkpoint of step 2 is intact: resuming from it ends where the straight run ends.
-  const auto resumed = trainer("run " + kQuickstart + " --set run.output_dir=" + dir + args + "4 --set checkpoint.resume=auto");
+  const auto resumed =
+      trainer("run " + kQuickstart + " --set run.output_dir=" + dir + args + "4 --set checkpoint.resume=auto");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("resumed from " + dir + "/checkpoints/step-00000002"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + dir + "/checkpoints/step-00000002"), std::string::npos)
+      << resumed.output;
   EXPECT_EQ(trainer("compare --rtol 0 " + straight + " " + dir).exit_code, 0);
   EXPECT_EQ(read_file(straight + "/summary.json"), read_file(dir + "/summary.json"));
 }
@@ -87,9 +82,9 @@ TEST(Faults, ChaosKillsAndResumesEndBitIdentical) {
   const std::string straight = scratch_dir("ChaosStraight"), dir = scratch_dir("Chaos");
   fs::remove(straight + ".log");
   fs::remove(dir + ".log");
-  const std::vector<std::string> args = {"--set", "training.steps=200", "--set", "training.micro_batch_size=4",
-                                         "--set", "strategy.name=zero2", "--nproc", "2",
-                                         "--set", "checkpoint.interval=1", "--set", "checkpoint.keep=2",
+  const std::vector<std::string> args = {"--set", "training.steps=200",       "--set",   "training.micro_batch_size=4",
+                                         "--set", "strategy.name=zero2",      "--nproc", "2",
+                                         "--set", "checkpoint.interval=1",    "--set",   "checkpoint.keep=2",
                                          "--set", "lr_schedule.name=constant"};
   auto command = [&](const std::string& out, bool resume) {
     std::vector<std::string> c = {TRAINER_BINARY, "run", kQuickstart, "--set", "run.output_dir=" + out};

@@ -20,17 +20,10 @@ namespace trainer {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::CommandResult;
-using testing::read_file;
-using testing::run_command;
-using testing::scratch_dir;
-using testing::source_path;
-using testing::trainer;
-using testing::write_file;
 
-const std::string& kQuickstart = testing::quickstart_recipe();
-
-bool says(const CommandResult& result, const std::string& text) { return result.output.find(text) != std::string::npos; }
+bool says(const CommandResult& result, const std::string& text) {
+  return result.output.find(text) != std::string::npos;
+}
 
 CommandResult run(const std::string& dir, const std::string& args) {
   return trainer("run " + kQuickstart + " --set run.output_dir=" + dir + " " + args);
@@ -199,7 +192,8 @@ TEST(HostileInput, CompareMatchesStepsAndRejectsWhatItCannotCompare) {
 TEST(HostileInput, RecipeValuesThatRunWouldRejectFailBeforeTraining) {
   const std::string dir = scratch_dir("HiRecipe");
   // validate applies run's batch checks with the recipe's workers.
-  CommandResult result = trainer("validate " + kQuickstart + " --set distributed.nproc=3 --set training.global_batch_size=8");
+  CommandResult result =
+      trainer("validate " + kQuickstart + " --set distributed.nproc=3 --set training.global_batch_size=8");
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_TRUE(says(result, "global_batch_size")) << result.output;
   result = run(dir, "--set optimizer.lr=inf");
@@ -230,7 +224,8 @@ TEST(HostileInput, HuggingFaceConfigAndWeightsAreCheckedLikeTheRecipe) {
            {"\"vocab_size\": 64", "\"vocab_size\": 1000000000000", "'vocab_size' = 1000000000000 is outside"},
            {"\"rope_theta\": 10000", "\"rope_theta\": -1", "'rope_theta' = -1 is outside"},
            {"\"hidden_size\": 64", "\"hidden_size\": 64.5", "'hidden_size' must be an integer"},
-           {"\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1", "12 tensor(s) the model (num_hidden_layers = 1)"}}) {
+           {"\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1",
+            "12 tensor(s) the model (num_hidden_layers = 1)"}}) {
     write_file(hf + "/config.json", config);
     replace_in_file(hf + "/config.json", from, to);
     const CommandResult result = trainer("run " + recipe);
@@ -247,7 +242,8 @@ TEST(HostileInput, HuggingFaceConfigAndWeightsAreCheckedLikeTheRecipe) {
 
 // A recipe with a small qwen2 and `dataset` (the [dataset] table's lines).
 std::string data_recipe(const std::string& dir, const std::string& dataset) {
-  return write_file(dir + "/recipe.toml", "[run]\noutput_dir = '" + dir + "/run'\n[model]\nname = 'qwen2'\n"
+  return write_file(dir + "/recipe.toml", "[run]\noutput_dir = '" + dir +
+                                              "/run'\n[model]\nname = 'qwen2'\n"
                                               "vocab_size = 64\nhidden_size = 16\nintermediate_size = 32\n"
                                               "num_attention_heads = 2\nnum_key_value_heads = 1\n[dataset]\n" +
                                               dataset + "[training]\nsteps = 2\nmicro_batch_size = 2\n");
@@ -260,8 +256,9 @@ TEST(HostileInput, BadDataFailsAtStartNamingFileAndPlace) {
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i % 64);
   tokens[15000] = 100;
   std::ofstream(dir + "/tokens.bin", std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), 40000);
-  CommandResult result = trainer("run " + data_recipe(dir, "name = 'tokens'\npath = '" + dir +
-                                                               "/tokens.bin'\ndtype = 'uint16'\nseq_len = 16\nvocab_size = 64\n"));
+  CommandResult result =
+      trainer("run " + data_recipe(dir, "name = 'tokens'\npath = '" + dir +
+                                            "/tokens.bin'\ndtype = 'uint16'\nseq_len = 16\nvocab_size = 64\n"));
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_TRUE(says(result, "token 100 at position 15000")) << result.output;
   EXPECT_FALSE(fs::exists(dir + "/run/metrics.jsonl"));
@@ -274,15 +271,16 @@ TEST(HostileInput, BadDataFailsAtStartNamingFileAndPlace) {
   }
   // Every completion cut off by truncation: nothing to train on, said at start.
   write_file(dir + "/long.jsonl", "{\"prompt_ids\": [1, 2, 3, 4, 5, 6, 7, 8, 9], \"completion_ids\": [3]}\n");
-  result = trainer("run " + data_recipe(dir, "name = 'jsonl'\npath = '" + dir +
-                                                 "/long.jsonl'\nvocab_size = 64\nseq_len = 4\n"));
+  result = trainer("run " +
+                   data_recipe(dir, "name = 'jsonl'\npath = '" + dir + "/long.jsonl'\nvocab_size = 64\nseq_len = 4\n"));
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_TRUE(says(result, "no record has a target token after truncation to seq_len = 4")) << result.output;
   // A FIFO as a data file would block forever: refused at once.
   ASSERT_EQ(run_command("mkfifo " + dir + "/fifo").exit_code, 0);
   for (const char* kind : {"jsonl", "tokens"}) {
-    result = run_command("timeout 60 " + std::string(TRAINER_BINARY) + " run " +
-                         data_recipe(dir, std::string("name = '") + kind + "'\npath = '" + dir + "/fifo'\nvocab_size = 64\n"));
+    result = run_command(
+        "timeout 60 " + std::string(TRAINER_BINARY) + " run " +
+        data_recipe(dir, std::string("name = '") + kind + "'\npath = '" + dir + "/fifo'\nvocab_size = 64\n"));
     EXPECT_EQ(result.exit_code, 2) << kind << "\n" << result.output;
     EXPECT_TRUE(says(result, "is not one")) << result.output;
   }

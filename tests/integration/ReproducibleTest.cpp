@@ -10,10 +10,6 @@
 namespace trainer {
 namespace {
 
-using testing::read_file;
-using testing::scratch_dir;
-using testing::trainer;
-
 struct Split {
   int micro, accum, world;
   std::string text() const { return std::to_string(micro) + "x" + std::to_string(accum) + "x" + std::to_string(world); }

@@ -12,12 +12,6 @@
 namespace trainer {
 namespace {
 
-using testing::column;
-using testing::read_file;
-using testing::scratch_dir;
-using testing::source_path;
-using testing::trainer;
-
 const std::vector<std::string> kStrategies = {"ddp", "zero1", "zero2", "zero3"};
 
 std::string run(const std::string& name, const std::string& recipe, const std::string& overrides) {
@@ -48,18 +42,21 @@ TEST(Strategies, ActivationCheckpointingChangesNoBitAtWorldSizeOne) {
   const std::string plain = run("AC_none", "configs/quickstart.toml", "--set training.steps=10");
   const auto reference = read_metrics(plain + "/metrics.jsonl");
   for (const std::string& s : kStrategies) {
-    const std::string dir = run("AC_" + s, "configs/quickstart.toml",
-                                "--set training.steps=10 --set model.activation_checkpointing=full --set strategy.name=" + s);
+    const std::string dir =
+        run("AC_" + s, "configs/quickstart.toml",
+            "--set training.steps=10 --set model.activation_checkpointing=full --set strategy.name=" + s);
     const auto rows = read_metrics(dir + "/metrics.jsonl");
     EXPECT_EQ(column(rows, "loss"), column(reference, "loss")) << s;
     EXPECT_EQ(column(rows, "grad_norm"), column(reference, "grad_norm")) << s;
     EXPECT_EQ(read_file(dir + "/summary.json"), read_file(plain + "/summary.json")) << s;
   }
   // Two ranks: zero3 gathers each unit again for the recomputation's backward.
-  const std::string two = "--set training.steps=6 --set training.micro_batch_size=2 --set training.grad_accum_steps=2 "
-                          "--nproc 2 --set strategy.name=zero3";
+  const std::string two =
+      "--set training.steps=6 --set training.micro_batch_size=2 --set training.grad_accum_steps=2 "
+      "--nproc 2 --set strategy.name=zero3";
   const std::string off = run("AC_zero3_2_none", "configs/quickstart.toml", two);
-  const std::string on = run("AC_zero3_2_full", "configs/quickstart.toml", two + " --set model.activation_checkpointing=full");
+  const std::string on =
+      run("AC_zero3_2_full", "configs/quickstart.toml", two + " --set model.activation_checkpointing=full");
   EXPECT_EQ(column(read_metrics(on + "/metrics.jsonl"), "loss"), column(read_metrics(off + "/metrics.jsonl"), "loss"));
   EXPECT_EQ(read_file(on + "/summary.json"), read_file(off + "/summary.json"));
 }
@@ -163,10 +160,12 @@ TEST(Strategies, HybridShardingHoldsItsGroupsShareAndAgrees) {
 // (2 x 256 + 64 elements), whose gradients arrive in every layer and so
 // live through backward. The sums are the same ones.
 TEST(Strategies, ZeroTwoHoldsAtMostTwoBucketsOfFullGradient) {
-  const std::string overrides = "--set training.steps=3 --set training.micro_batch_size=2 --set training.grad_accum_steps=2"
-                                " --nproc 4 --set strategy.name=zero2";
+  const std::string overrides =
+      "--set training.steps=3 --set training.micro_batch_size=2 --set training.grad_accum_steps=2"
+      " --nproc 4 --set strategy.name=zero2";
   const std::string whole = run("Z2Buckets_whole", "configs/quickstart.toml", overrides);
-  const std::string small = run("Z2Buckets_small", "configs/quickstart.toml", overrides + " --set strategy.bucket_mb=0.02");
+  const std::string small =
+      run("Z2Buckets_small", "configs/quickstart.toml", overrides + " --set strategy.bucket_mb=0.02");
   const int64_t bound = 2 * 64 * 128 * 4 + (2 * 256 + 64) * 4;
   for (int rank = 0; rank < 4; ++rank) {
     const int64_t peak = memory_of(small, rank, "peak_transient_gradient_bytes");
@@ -182,9 +181,10 @@ TEST(Strategies, ZeroTwoHoldsAtMostTwoBucketsOfFullGradient) {
 TEST(Strategies, AllStrategiesAndSplitsOfOneGlobalBatchAgree) {
   std::string dirs;
   for (const std::string& s : kStrategies) {
-    for (const auto& [micro, accum, world] : std::vector<std::tuple<int, int, int>>{{8, 1, 1}, {2, 4, 1}, {4, 1, 2}, {1, 4, 2}}) {
-      const std::string name = "Matrix_" + s + "_" + std::to_string(micro) + "x" + std::to_string(accum) + "x" +
-                               std::to_string(world);
+    for (const auto& [micro, accum, world] :
+         std::vector<std::tuple<int, int, int>>{{8, 1, 1}, {2, 4, 1}, {4, 1, 2}, {1, 4, 2}}) {
+      const std::string name =
+          "Matrix_" + s + "_" + std::to_string(micro) + "x" + std::to_string(accum) + "x" + std::to_string(world);
       dirs += " " + run(name, "configs/quickstart.toml",
                         "--set training.steps=15 --set strategy.name=" + s + " --set training.micro_batch_size=" +
                             std::to_string(micro) + " --set training.grad_accum_steps=" + std::to_string(accum) +
@@ -201,8 +201,9 @@ TEST(Strategies, SeedScenarioAccumulationAgreesOnTheCpu) {
   const std::string split = run("Seed2x4", "configs/seed-zero2.toml", "");
   const std::string whole =
       run("Seed8x1", "configs/seed-zero2.toml", "--set training.micro_batch_size=8 --set training.grad_accum_steps=1");
-  const std::string ddp = run("Seed8x1Ddp", "configs/seed-zero2.toml",
-                              "--set training.micro_batch_size=8 --set training.grad_accum_steps=1 --set strategy.name=ddp");
+  const std::string ddp =
+      run("Seed8x1Ddp", "configs/seed-zero2.toml",
+          "--set training.micro_batch_size=8 --set training.grad_accum_steps=1 --set strategy.name=ddp");
   EXPECT_EQ(read_metrics(split + "/metrics.jsonl").size(), 100u);
   const auto result = trainer("compare --rtol 1e-5 " + whole + " " + split + " " + ddp);
   EXPECT_EQ(result.exit_code, 0) << result.output;

@@ -10,13 +10,6 @@
 namespace trainer {
 namespace {
 
-using testing::column;
-using testing::scratch_dir;
-using testing::source_path;
-using testing::trainer;
-
-const std::string& kQuickstart = testing::quickstart_recipe();
-
 const auto& losses_of = testing::quickstart_losses;
 
 TEST(TrainingInvariance, QuickstartHalvesItsLoss) {
@@ -35,14 +28,14 @@ TEST(TrainingInvariance, SameRecipeTwiceIsBitIdentical) {
 }
 
 TEST(TrainingInvariance, AccumulationSplitDoesNotChangeTheLoss) {
-  const std::vector<double> reference =
-      losses_of("Split8x1", "--set training.steps=50 --set training.micro_batch_size=8 --set training.grad_accum_steps=1");
+  const std::vector<double> reference = losses_of(
+      "Split8x1", "--set training.steps=50 --set training.micro_batch_size=8 --set training.grad_accum_steps=1");
   ASSERT_EQ(reference.size(), 50u);
   for (const auto& [micro, accum] : std::vector<std::pair<int, int>>{{2, 4}, {1, 8}}) {
     const std::string name = "Split" + std::to_string(micro) + "x" + std::to_string(accum);
-    const std::vector<double> loss = losses_of(
-        name, "--set training.steps=50 --set training.micro_batch_size=" + std::to_string(micro) +
-                  " --set training.grad_accum_steps=" + std::to_string(accum));
+    const std::vector<double> loss =
+        losses_of(name, "--set training.steps=50 --set training.micro_batch_size=" + std::to_string(micro) +
+                            " --set training.grad_accum_steps=" + std::to_string(accum));
     ASSERT_EQ(loss.size(), reference.size());
     for (size_t i = 0; i < loss.size(); ++i) {
       // Same samples, same arithmetic up to the order of fp32 sums: 50 Adam

@@ -15,24 +15,18 @@
 namespace trainer {
 namespace {
 
-using testing::read_file;
-using testing::scratch_dir;
-using testing::source_path;
-using testing::trainer;
-using testing::write_file;
-
-const std::string& kQuickstart = testing::quickstart_recipe();
-
 std::string run(const std::string& name, const std::string& overrides) {
   const std::string dir = scratch_dir(name);
-  const auto result = trainer("run " + kQuickstart + " --set run.output_dir=" + dir + " --set training.steps=5 " + overrides);
+  const auto result =
+      trainer("run " + kQuickstart + " --set run.output_dir=" + dir + " --set training.steps=5 " + overrides);
   EXPECT_EQ(result.exit_code, 0) << result.output;
   return dir;
 }
 
 TEST(Weights, ConsolidatedWeightsAgreeAcrossStrategiesAndWorldSizes) {
   const std::string ddp = run("WeightsDdp", "");
-  const std::string zero3 = run("WeightsZero3", "--set strategy.name=zero3 --set training.micro_batch_size=4 --nproc 2");
+  const std::string zero3 =
+      run("WeightsZero3", "--set strategy.name=zero3 --set training.micro_batch_size=4 --nproc 2");
   const SafetensorsReader a(ddp + "/model.safetensors"), b(zero3 + "/model.safetensors");
   ASSERT_EQ(a.names(), b.names());
   ASSERT_EQ(a.names().size(), 1 + 2 * 12 + 2u);  // embedding, 2 blocks of 12, final norm, lm_head
@@ -72,8 +66,9 @@ TEST(Weights, ExportLoadsBackAsAHuggingFaceDirectory) {
 // back through model_type "llama" with the same logits, and what it cannot
 // represent is refused by name.
 TEST(Weights, LlamaExportsAndLoadsBackAsLlamaForCausalLM) {
-  const std::string llama = "--set model.attention_bias=false --set model.rope_scaling=llama3"
-                            " --set model.rope_original_max_position_embeddings=16";
+  const std::string llama =
+      "--set model.attention_bias=false --set model.rope_scaling=llama3"
+      " --set model.rope_original_max_position_embeddings=16";
   const std::string trained = run("WeightsLlama", llama);
   const SafetensorsReader weights(trained + "/model.safetensors");
   ASSERT_EQ(weights.names().size(), 1 + 2 * 9 + 2u);  // embedding, 2 blocks of 9 (no q/k/v bias), final norm, lm_head
@@ -81,9 +76,9 @@ TEST(Weights, LlamaExportsAndLoadsBackAsLlamaForCausalLM) {
   const std::string hf = scratch_dir("WeightsLlamaHf");
   ASSERT_EQ(trainer("export " + trained + " --to " + hf).exit_code, 0);
   const std::string config = read_file(hf + "/config.json");
-  for (const char* expected : {"\"model_type\": \"llama\"", "\"LlamaForCausalLM\"", "\"attention_bias\": false",
-                               "\"rope_type\": \"llama3\"", "\"original_max_position_embeddings\": 16",
-                               "\"tie_word_embeddings\": false"}) {
+  for (const char* expected :
+       {"\"model_type\": \"llama\"", "\"LlamaForCausalLM\"", "\"attention_bias\": false", "\"rope_type\": \"llama3\"",
+        "\"original_max_position_embeddings\": 16", "\"tie_word_embeddings\": false"}) {
     EXPECT_NE(config.find(expected), std::string::npos) << expected << "\n" << config;
   }
   const std::string tokens = write_file(hf + "/tokens.txt", "1 5 9 13 17 21 25 29\n2 4 6 8 10 12 14 16\n");
@@ -95,8 +90,9 @@ TEST(Weights, LlamaExportsAndLoadsBackAsLlamaForCausalLM) {
                                  "/model.safetensors --tokens " + tokens + " --out " + hf + "/b.bin");
   ASSERT_EQ(from_file.exit_code, 0) << from_file.output;
   EXPECT_EQ(read_file(hf + "/a.bin"), read_file(hf + "/b.bin"));
-  const auto unscaled = trainer("forward " + kQuickstart + " --set model.attention_bias=false --set model.init_from=" +
-                                trained + "/model.safetensors --tokens " + tokens + " --out " + hf + "/c.bin");
+  const auto unscaled =
+      trainer("forward " + kQuickstart + " --set model.attention_bias=false --set model.init_from=" + trained +
+              "/model.safetensors --tokens " + tokens + " --out " + hf + "/c.bin");
   ASSERT_EQ(unscaled.exit_code, 0) << unscaled.output;
   EXPECT_NE(read_file(hf + "/a.bin"), read_file(hf + "/c.bin"));  // the scaling is applied
   // The recipe disagreeing with config.json, and what a Llama config may hold that the model has not.
@@ -141,7 +137,9 @@ TEST(Weights, LoadsAShardedCheckpointThroughItsIndex) {
   write_file(hf + "/model.safetensors.index.json", "{\"metadata\": {}, \"weight_map\": {" + map + "}}");
   const std::string tokens = write_file(hf + "/tokens.txt", "7 3 9 1\n");
   ASSERT_EQ(trainer("forward " + kQuickstart + " --set model.hf_dir=" + hf + " --tokens " + tokens + " --out " + hf +
-                    "/whole.bin").exit_code, 0);
+                    "/whole.bin")
+                .exit_code,
+            0);
   std::filesystem::remove(hf + "/model.safetensors");
   const auto sharded = trainer("forward " + kQuickstart + " --set model.hf_dir=" + hf + " --tokens " + tokens +
                                " --out " + hf + "/sharded.bin");

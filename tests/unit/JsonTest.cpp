@@ -24,7 +24,8 @@ TEST(Json, ParsesInFileOrderWithExactIntegers) {
 }
 
 TEST(Json, RepeatedKeysAreRefusedAtEveryDepth) {
-  for (const char* text : {R"({"a": 1, "a": 2})", R"({"x": {"b": 1, "c": 2, "b": 3}})", R"([{"k": 1}, {"k": 2, "k": 2}])"}) {
+  for (const char* text :
+       {R"({"a": 1, "a": 2})", R"({"x": {"b": 1, "c": 2, "b": 3}})", R"([{"k": 1}, {"k": 2, "k": 2}])"}) {
     try {
       json_parse(text);
       ADD_FAILURE() << text;

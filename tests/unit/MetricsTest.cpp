@@ -30,8 +30,7 @@ TEST(Metrics, MalformedLineIsNamed) {
     read_metrics(path);
     FAIL();
   } catch (const InputError& error) {
-    EXPECT_NE(std::string(error.what()).find("m.jsonl:2: malformed metrics record"), std::string::npos)
-        << error.what();
+    EXPECT_NE(std::string(error.what()).find("m.jsonl:2: malformed metrics record"), std::string::npos) << error.what();
   }
 }
 

@@ -3,9 +3,9 @@
 // count, and runs in fp64 for references.
 #include <gtest/gtest.h>
 
+#include "TestSupport.h"
 #include "plugin/PluginRegistry.h"
 #include "recipe/Recipe.h"
-#include "TestSupport.h"
 #include "trainer/Model.h"
 
 namespace trainer {
@@ -16,12 +16,12 @@ class ModelContract : public ::testing::Test {
   void SetUp() override {
     registry_.discover({TRAINER_PLUGIN_DIR});
     // One directory per test: ctest runs them in parallel.
-    const std::string dir = testing::scratch_dir(
-        std::string("ModelContract_") + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    const std::string file = testing::write_file(
-        dir + "/recipe.toml",
-        "[model]\nname = 'qwen2'\nvocab_size = 32\nhidden_size = 16\nintermediate_size = 24\n"
-        "num_attention_heads = 4\nnum_key_value_heads = 2\n[dataset]\nname = 'synthetic'\n");
+    const std::string dir = testing::scratch_dir(std::string("ModelContract_") +
+                                                 ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    const std::string file =
+        testing::write_file(dir + "/recipe.toml",
+                            "[model]\nname = 'qwen2'\nvocab_size = 32\nhidden_size = 16\nintermediate_size = 24\n"
+                            "num_attention_heads = 4\nnum_key_value_heads = 2\n[dataset]\nname = 'synthetic'\n");
     const Recipe recipe = load_recipe(file, {}, registry_);
     Context context;
     context.seed = 5;

@@ -44,7 +44,8 @@ TEST(PluginRegistry, SameDirectoryTwiceIsNotADuplicate) {
 TEST(PluginRegistry, OtherAbiVersionSaysWhichAndWhatIsNeeded) {
   const std::string message = load_error({fixture("bad-abi")});
   EXPECT_NE(message.find("trainer-fixture-badabi.so: plugin ABI version 999 does not match this trainer's ABI "
-                         "version " + std::to_string(kAbiVersion)),
+                         "version " +
+                         std::to_string(kAbiVersion)),
             std::string::npos)
       << message;
 }

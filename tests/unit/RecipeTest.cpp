@@ -9,9 +9,6 @@
 namespace trainer {
 namespace {
 
-using testing::scratch_dir;
-using testing::write_file;
-
 constexpr const char* kMinimal = R"([model]
 name = "qwen2"
 
@@ -115,8 +112,7 @@ TEST_F(RecipeTest, WrongTypeNamesKeyValueAndExpectation) {
 
 TEST_F(RecipeTest, OutOfRangeNamesTheRange) {
   const std::string message = error_of(std::string(kMinimal) + "[training]\nmicro_batch_size = 0\n");
-  EXPECT_NE(message.find("[training] micro_batch_size = 0: expected an integer in [1, "), std::string::npos)
-      << message;
+  EXPECT_NE(message.find("[training] micro_batch_size = 0: expected an integer in [1, "), std::string::npos) << message;
 }
 
 TEST_F(RecipeTest, ChoiceListsTheAllowedValues) {
@@ -166,7 +162,8 @@ TEST_F(RecipeTest, OverridesWinAndErrorsNameThem) {
   EXPECT_EQ(load(kMinimal, {"run.name=bare-string"}).run.text("name"), "bare-string");
   const Recipe with_logger = load(std::string(kMinimal) + "[[logger]]\nname = 'console'\n", {"logger.0.interval=3"});
   EXPECT_EQ(with_logger.loggers[0].options.integer("interval"), 3);
-  EXPECT_NE(error_of(kMinimal, {"logger.0.interval=3"}).find("the recipe has no [[logger]] number 0"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"logger.0.interval=3"}).find("the recipe has no [[logger]] number 0"),
+            std::string::npos);
   const std::string message = error_of(kMinimal, {"training.steps=0"});
   EXPECT_NE(message.find("--set training.steps=0: [training] steps = 0"), std::string::npos) << message;
   EXPECT_NE(error_of(kMinimal, {"steps=3"}).find("expected section.key=value"), std::string::npos);

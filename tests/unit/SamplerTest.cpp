@@ -31,9 +31,8 @@ TEST(Sampler, EverySplitOfAGlobalBatchTrainsTheSameSamples) {
     const std::vector<int64_t> reference = collected(reference_sampler, splits[0], step);
     for (const BatchShape& split : splits) {
       GlobalBatchSampler sampler(7, 100, true);
-      EXPECT_EQ(collected(sampler, split, step), reference)
-          << "step " << step << " split " << split.micro_batch_size << "x" << split.grad_accum_steps << "x"
-          << split.world_size;
+      EXPECT_EQ(collected(sampler, split, step), reference) << "step " << step << " split " << split.micro_batch_size
+                                                            << "x" << split.grad_accum_steps << "x" << split.world_size;
     }
   }
 }

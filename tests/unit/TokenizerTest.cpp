@@ -15,11 +15,6 @@
 namespace trainer {
 namespace {
 
-using testing::read_file;
-using testing::scratch_dir;
-using testing::source_path;
-using testing::write_file;
-
 const std::string kQwen3 = testing::qwen3_tokenizer_dir();
 
 std::string from_hex(const std::string& hex) {
@@ -61,8 +56,8 @@ TEST(Tokenizer, Qwen3IdsEqualHuggingFaceTokenizers) {
   for (size_t i = 0; i < corpus["invalid_utf8_hex"].size(); ++i) {
     const std::string bytes = from_hex(corpus["invalid_utf8_hex"][i].get<std::string>());
     const std::vector<int64_t> want = expected["invalid_utf8"][i].get<std::vector<int64_t>>();
-    EXPECT_EQ(tokenizer->encode(bytes), want) << "invalid UTF-8 " << i << "\n got  " << shown(tokenizer->encode(bytes))
-                                              << "\n want " << shown(want);
+    EXPECT_EQ(tokenizer->encode(bytes), want)
+        << "invalid UTF-8 " << i << "\n got  " << shown(tokenizer->encode(bytes)) << "\n want " << shown(want);
   }
   EXPECT_GT(ids, 800u);  // the corpus is what it claims to be
 }
@@ -72,7 +67,7 @@ TEST(Tokenizer, Qwen3SpecialTokensAndVocabularySize) {
   ASSERT_NE(tokenizer, nullptr);
   EXPECT_EQ(tokenizer->vocab_size(), 151669);  // 151643 BPE entries + 26 added tokens
   EXPECT_EQ(tokenizer->token_id("<|im_end|>"), 151645);
-  EXPECT_EQ(tokenizer->eos_id(), 151645);      // tokenizer_config.json: eos_token "<|im_end|>"
+  EXPECT_EQ(tokenizer->eos_id(), 151645);         // tokenizer_config.json: eos_token "<|im_end|>"
   EXPECT_FALSE(tokenizer->bos_id().has_value());  // bos_token null
   EXPECT_EQ(tokenizer->encode("<|im_end|><|im_end|>"), (std::vector<int64_t>{151645, 151645}));
   EXPECT_TRUE(tokenizer->encode("").empty());
@@ -122,18 +117,24 @@ TEST(Tokenizer, UnsupportedFilesAreRefusedNamingWhat) {
   const std::string base = scratch_dir("TokenizerBad");
   const std::vector<std::pair<std::function<void(Json&)>, std::string>> cases = {
       {[](Json& r) { r["model"]["type"] = "WordPiece"; }, "model type 'WordPiece' is not supported"},
-      {[](Json& r) { r["normalizer"] = {{"type", "NFKC"}}; }, "normalizer 'NFKC' is not supported"},
+      {[](Json& r) {
+         r["normalizer"] = {{"type", "NFKC"}};
+       },
+       "normalizer 'NFKC' is not supported"},
       {[](Json& r) { r["model"]["byte_fallback"] = true; }, "byte_fallback"},
-      {[](Json& r) { r["pre_tokenizer"] = {{"type", "Whitespace"}}; }, "pre_tokenizer 'Whitespace' is not supported"},
+      {[](Json& r) {
+         r["pre_tokenizer"] = {{"type", "Whitespace"}};
+       },
+       "pre_tokenizer 'Whitespace' is not supported"},
       {[](Json& r) { r["pre_tokenizer"] = nullptr; }, "only byte-level BPE"},
       {[](Json& r) { r["added_tokens"][0]["lstrip"] = true; }, "lstrip = true is not supported"},
       {[](Json& r) { r["model"]["merges"] = Json::array({"a c"}); }, "names a token the vocabulary lacks"},
       {[](Json& r) {
-         r["pre_tokenizer"] = {{"type", "Sequence"},
-                               {"pretokenizers", Json::array({{{"type", "Split"},
-                                                               {"pattern", {{"Regex", "(unclosed"}}},
-                                                               {"behavior", "Isolated"}},
-                                                              {{"type", "ByteLevel"}, {"use_regex", false}}})}};
+         r["pre_tokenizer"] = {
+             {"type", "Sequence"},
+             {"pretokenizers",
+              Json::array({{{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}},
+                           {{"type", "ByteLevel"}, {"use_regex", false}}})}};
        },
        "does not compile"},
   };

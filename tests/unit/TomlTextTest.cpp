@@ -65,8 +65,7 @@ TEST(TomlTextTest, EscapesAndLineEndingBackslashes) {
   // Single-line strings: an escaped quote does not end them; a backslash
   // escape of é is refused as in multi-line ones.
   EXPECT_EQ(value_of("a = \"\\\"" + e + "\""), "\"" + e);
-  EXPECT_EQ(refusal("a = \"\\" + e + "\""),
-            "t.toml:1:7: a backslash before a non-ASCII character (no TOML escape)");
+  EXPECT_EQ(refusal("a = \"\\" + e + "\""), "t.toml:1:7: a backslash before a non-ASCII character (no TOML escape)");
 }
 
 TEST(TomlTextTest, NonAsciiInsideStringsCommentsAndKeysReads) {
