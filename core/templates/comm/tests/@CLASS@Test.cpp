@@ -2,18 +2,7 @@
 
 #include "Run.h"
 
-constexpr const char* kRecipe = R"(
-[model]
-name = 'qwen2'
-[dataset]
-name = 'synthetic'
-[training]
-steps = 4
-micro_batch_size = 2
-grad_accum_steps = 2
-[distributed]
-nproc = 2
-)";
+const std::string kRecipe = std::string(kSmallRun) + "micro_batch_size = 2\ngrad_accum_steps = 2\n[distributed]\nnproc = 2\n";
 
 // At two ranks a sum is the same whichever rank's term comes first, so the
 // losses equal gloo's bit for bit: ddp uses all-reduce, zero3 reduce-scatter

@@ -15,6 +15,11 @@ struct TrainerResult {
   std::string output;
 };
 
+// The small run the tests vary: the qwen2 model at its default size on the
+// synthetic dataset, four optimizer steps; a test appends its own keys to
+// [training] and its own tables.
+constexpr const char* kSmallRun = "[model]\nname = 'qwen2'\n[dataset]\nname = 'synthetic'\n[training]\nsteps = 4\n";
+
 inline TrainerResult run_trainer(const std::string& arguments) {
   const std::string command =
       std::string("'") + TRAINER_EXECUTABLE + "' --plugin-dir '" + PLUGIN_DIR + "' " + arguments + " 2>&1";

@@ -3,17 +3,7 @@
 #include "Run.h"
 
 TEST(@CLASS@Test, PrintsTheLossEveryFewSteps) {
-  const std::string recipe = write_recipe("logger", R"(
-[model]
-name = 'qwen2'
-[dataset]
-name = 'synthetic'
-[training]
-steps = 4
-[[logger]]
-name = '@NAME@'
-every = 2
-)");
+  const std::string recipe = write_recipe("logger", std::string(kSmallRun) + "[[logger]]\nname = '@NAME@'\nevery = 2\n");
   const TrainerResult result = run_trainer("run " + recipe);
   ASSERT_EQ(result.status, 0) << result.output;
   EXPECT_NE(result.output.find("@NAME@: step 2 loss"), std::string::npos) << result.output;

@@ -18,20 +18,9 @@ TEST(@CLASS@Test, PassesTheKitByPath) {
 }
 
 TEST(@CLASS@Test, TrainsARecipe) {
-  const std::string recipe = write_recipe("strategy", R"(
-[model]
-name = 'qwen2'
-[dataset]
-name = 'synthetic'
-[training]
-steps = 4
-micro_batch_size = 2
-grad_accum_steps = 2
-[strategy]
-name = '@NAME@'
-[distributed]
-nproc = 2
-)");
+  const std::string recipe =
+      write_recipe("strategy", std::string(kSmallRun) + "micro_batch_size = 2\ngrad_accum_steps = 2\n"
+                                                        "[strategy]\nname = '@NAME@'\n[distributed]\nnproc = 2\n");
   const TrainerResult result = run_trainer("run " + recipe);
   ASSERT_EQ(result.status, 0) << result.output;
   EXPECT_EQ(losses("strategy").size(), 4u) << result.output;
