@@ -9,17 +9,17 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
-#include "tools/Compare.h"
-#include "kit/Conformance.h"
 #include "distributed/Launcher.h"
-#include "tools/NewPlugin.h"
+#include "kit/Conformance.h"
 #include "plugin/PluginRegistry.h"
 #include "recipe/Recipe.h"
-#include "tools/Tokenize.h"
-#include "tools/Export.h"
-#include "tools/Forward.h"
 #include "run/RunConfig.h"
 #include "run/TrainingLoop.h"
+#include "tools/Compare.h"
+#include "tools/Export.h"
+#include "tools/Forward.h"
+#include "tools/NewPlugin.h"
+#include "tools/Tokenize.h"
 #include "trainer/Errors.h"
 #include "trainer/Log.h"
 

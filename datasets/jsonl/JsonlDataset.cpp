@@ -40,8 +40,8 @@ class JsonlDataset final : public Dataset {
     const int64_t needed = tokenizer_ ? tokenizer_->vocab_size() : 258;
     vocab_size_ = options.integer("vocab_size") == 0 ? needed : options.integer("vocab_size");
     if (tokenizer_ && vocab_size_ < needed) {
-      options.fail("vocab_size", fmt::format("at least the tokenizer's {} ({}), or 0 to follow it", needed,
-                                             tokenizer_->path()));
+      options.fail("vocab_size",
+                   fmt::format("at least the tokenizer's {} ({}), or 0 to follow it", needed, tokenizer_->path()));
     }
     record_format_ = JsonlRecordFormat{seq_len_, vocab_size_, completion_only_, tokenizer_.get()};
     if (std::filesystem::exists(path_) && !std::filesystem::is_regular_file(path_)) {
@@ -63,16 +63,18 @@ class JsonlDataset final : public Dataset {
         if (skipped++ == 0) first_bad = where;
       }
     }
-    if (skipped > 0) log::warn(fmt::format("{}: skipped {} malformed line(s); the first: {}", path_, skipped, first_bad));
+    if (skipped > 0)
+      log::warn(fmt::format("{}: skipped {} malformed line(s); the first: {}", path_, skipped, first_bad));
     if (samples_.empty()) throw InputError(fmt::format("{}: no records", path_));
     // A data set without a single target token would train zero updates and still "succeed".
     const bool any_target = std::any_of(samples_.begin(), samples_.end(), [](const Sample& sample) {
       return std::find(sample.target.begin() + 1, sample.target.end(), 1) != sample.target.end();
     });
     if (!any_target) {
-      throw InputError(fmt::format("{}: no record has a target token after truncation to seq_len = {} (every "
-                                   "completion is cut off or empty); raise dataset.seq_len or shorten the prompts",
-                                   path_, seq_len_));
+      throw InputError(
+          fmt::format("{}: no record has a target token after truncation to seq_len = {} (every "
+                      "completion is cut off or empty); raise dataset.seq_len or shorten the prompts",
+                      path_, seq_len_));
     }
   }
 
@@ -98,11 +100,13 @@ constexpr KeySpec kKeys[] = {
      "a Hugging Face tokenizer.json (or a directory holding one) for text records; '': bytes, BOS 256, EOS 257"},
     {"vocab_size", ValueType::Int, "0",
      "token ids are below this; 0: the tokenizer's vocabulary (258 without one: 256 bytes + BOS + EOS)", 0, 1 << 30},
-    {"completion_only_loss", ValueType::Bool, "true", "loss on completion tokens only (else every token after the first)"},
+    {"completion_only_loss", ValueType::Bool, "true",
+     "loss on completion tokens only (else every token after the first)"},
     {"skip_bad_lines", ValueType::Bool, "false", "skip malformed lines (counted and reported) instead of failing"},
     {"shuffle", ValueType::Bool, "true", "false: step t takes records t*G .. (t+1)*G - 1 in file order"},
 };
 
 }  // namespace
 
-TRAINER_DEFINE_PLUGIN(Dataset, JsonlDataset, "jsonl", "0.1.0", "prompt/completion records from a JSON-lines file", kKeys)
+TRAINER_DEFINE_PLUGIN(Dataset, JsonlDataset, "jsonl", "0.1.0", "prompt/completion records from a JSON-lines file",
+                      kKeys)

@@ -25,8 +25,8 @@ std::vector<int32_t> ids(const Json& array, const char* key, int64_t vocab_size)
     }
     const int64_t value = id.get<int64_t>();
     if (value < 0 || value >= vocab_size) {
-      throw std::runtime_error(fmt::format("\"{}\"[{}] = {} is outside [0, vocab_size = {})", key, i, value,
-                                           vocab_size));
+      throw std::runtime_error(
+          fmt::format("\"{}\"[{}] = {} is outside [0, vocab_size = {})", key, i, value, vocab_size));
     }
     out.push_back(static_cast<int32_t>(value));
   }
@@ -35,8 +35,8 @@ std::vector<int32_t> ids(const Json& array, const char* key, int64_t vocab_size)
 
 void check_byte_vocab(const JsonlRecordFormat& format) {
   if (format.vocab_size < kByteVocab) {
-    throw std::runtime_error(fmt::format("text records need vocab_size >= {} (bytes, BOS, EOS) without a tokenizer",
-                                         kByteVocab));
+    throw std::runtime_error(
+        fmt::format("text records need vocab_size >= {} (bytes, BOS, EOS) without a tokenizer", kByteVocab));
   }
 }
 
@@ -97,8 +97,9 @@ Sample parse_jsonl_record(const std::string& line, const JsonlRecordFormat& form
       all_targets = true;
     } else {
       if (!p || !c || !p->is_string() || !c->is_string()) {
-        throw std::runtime_error("expected string fields \"prompt\" and \"completion\", a string \"text\", or "
-                                 "\"prompt_ids\" and \"completion_ids\"");
+        throw std::runtime_error(
+            "expected string fields \"prompt\" and \"completion\", a string \"text\", or "
+            "\"prompt_ids\" and \"completion_ids\"");
       }
       add_bos(prompt, format);
       tokenize(p->get_ref<const std::string&>(), prompt, format);

@@ -52,9 +52,9 @@ class SyntheticDataset final : public Dataset {
     const bool long_completion = uniform_below(state, 2) == 1;
     const int64_t short_max = std::min<int64_t>(2, room);
     const int64_t long_min = std::max<int64_t>(1, room / 2);
-    const int64_t completion_len =
-        long_completion ? long_min + static_cast<int64_t>(uniform_below(state, room - long_min + 1))
-                        : 1 + static_cast<int64_t>(uniform_below(state, short_max));
+    const int64_t completion_len = long_completion
+                                       ? long_min + static_cast<int64_t>(uniform_below(state, room - long_min + 1))
+                                       : 1 + static_cast<int64_t>(uniform_below(state, short_max));
 
     Sample sample;
     sample.tokens.push_back(kBos);
@@ -93,4 +93,5 @@ constexpr KeySpec kKeys[] = {
 
 }  // namespace
 
-TRAINER_DEFINE_PLUGIN(Dataset, SyntheticDataset, "synthetic", "0.1.0", "deterministic prompt/completion sequences with a learnable rule", kKeys)
+TRAINER_DEFINE_PLUGIN(Dataset, SyntheticDataset, "synthetic", "0.1.0",
+                      "deterministic prompt/completion sequences with a learnable rule", kKeys)

@@ -37,13 +37,16 @@ class TokensDataset final : public Dataset {
     bytes_ = static_cast<size_t>(info.st_size);
     if (bytes_ % width_ != 0) {
       close(fd);
-      throw InputError(fmt::format("{}: {} bytes is not a whole number of {} tokens ({} bytes each); wrong dtype or a "
-                                   "truncated file?", path_, bytes_, options.text("dtype"), width_));
+      throw InputError(
+          fmt::format("{}: {} bytes is not a whole number of {} tokens ({} bytes each); wrong dtype or a "
+                      "truncated file?",
+                      path_, bytes_, options.text("dtype"), width_));
     }
     tokens_ = static_cast<int64_t>(bytes_ / width_);
     if (tokens_ < seq_len_ + 1) {
       close(fd);
-      throw InputError(fmt::format("{}: {} tokens, fewer than one window of seq_len + 1 = {}", path_, tokens_, seq_len_ + 1));
+      throw InputError(
+          fmt::format("{}: {} tokens, fewer than one window of seq_len + 1 = {}", path_, tokens_, seq_len_ + 1));
     }
     data_ = mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
@@ -54,7 +57,8 @@ class TokensDataset final : public Dataset {
       const int64_t id = token(i);
       if (id >= vocab_size_) {
         munmap(data_, bytes_);
-        throw InputError(fmt::format("{}: token {} at position {} is not below vocab_size {}", path_, id, i, vocab_size_));
+        throw InputError(
+            fmt::format("{}: token {} at position {} is not below vocab_size {}", path_, id, i, vocab_size_));
       }
     }
   }
@@ -98,4 +102,5 @@ constexpr KeySpec kKeys[] = {
 
 }  // namespace
 
-TRAINER_DEFINE_PLUGIN(Dataset, TokensDataset, "tokens", "0.1.0", "fixed-length windows of a flat binary token file", kKeys)
+TRAINER_DEFINE_PLUGIN(Dataset, TokensDataset, "tokens", "0.1.0", "fixed-length windows of a flat binary token file",
+                      kKeys)

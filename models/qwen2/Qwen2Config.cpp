@@ -29,10 +29,11 @@ constexpr KeySpec kKeys[] = {
     {"rms_norm_eps", ValueType::Float, "1e-6", "RMSNorm epsilon", 0, 1},
     {"initializer_range", ValueType::Float, "0.02", "std of the normal init of matrices", 0, 10},
     {"tie_word_embeddings", ValueType::Bool, "false", "lm_head shares the embedding matrix"},
-    {"max_position_embeddings", ValueType::Int, "32768", "longest sequence (recorded in exported config.json)", 1, 1 << 30},
+    {"max_position_embeddings", ValueType::Int, "32768", "longest sequence (recorded in exported config.json)", 1,
+     1 << 30},
     {"attention_bias", ValueType::Bool, "true", "q/k/v projections have biases (Qwen2); false: none (Llama)"},
-    {"rope_scaling", ValueType::String, "'none'", "'llama3': Llama 3's frequency-dependent rope scaling",
-     -kNoLimit, kNoLimit, "none|llama3"},
+    {"rope_scaling", ValueType::String, "'none'", "'llama3': Llama 3's frequency-dependent rope scaling", -kNoLimit,
+     kNoLimit, "none|llama3"},
     {"rope_scaling_factor", ValueType::Float, "8.0", "llama3 scaling: the stretch of the low frequencies", 1, 1e6},
     {"rope_low_freq_factor", ValueType::Float, "1.0", "llama3 scaling: low_freq_factor", 1e-6, 1e6},
     {"rope_high_freq_factor", ValueType::Float, "4.0", "llama3 scaling: high_freq_factor", 1e-6, 1e6},
@@ -64,17 +65,26 @@ const std::vector<KeySpec>& keys() {
 }
 
 Config read_config(const Options& o) {
-  Config c{o.integer("vocab_size"), o.integer("hidden_size"), o.integer("intermediate_size"),
-           o.integer("num_hidden_layers"), o.integer("num_attention_heads"), o.integer("num_key_value_heads"),
-           o.real("rope_theta"), o.real("rms_norm_eps"), o.real("initializer_range"),
-           o.boolean("tie_word_embeddings"), o.integer("max_position_embeddings"), o.boolean("attention_bias"),
+  Config c{o.integer("vocab_size"),
+           o.integer("hidden_size"),
+           o.integer("intermediate_size"),
+           o.integer("num_hidden_layers"),
+           o.integer("num_attention_heads"),
+           o.integer("num_key_value_heads"),
+           o.real("rope_theta"),
+           o.real("rms_norm_eps"),
+           o.real("initializer_range"),
+           o.boolean("tie_word_embeddings"),
+           o.integer("max_position_embeddings"),
+           o.boolean("attention_bias"),
            RopeScalingConfig{}};
   if (o.text("rope_scaling") == "llama3") {
-    c.rope_scaling = RopeScalingConfig{o.real("rope_scaling_factor"), o.real("rope_low_freq_factor"),
-                                       o.real("rope_high_freq_factor"),
-                                       o.integer("rope_original_max_position_embeddings")};
+    c.rope_scaling =
+        RopeScalingConfig{o.real("rope_scaling_factor"), o.real("rope_low_freq_factor"),
+                          o.real("rope_high_freq_factor"), o.integer("rope_original_max_position_embeddings")};
     if (!(c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor)) {
-      o.fail("rope_high_freq_factor", fmt::format("more than rope_low_freq_factor = {}", c.rope_scaling.low_freq_factor));
+      o.fail("rope_high_freq_factor",
+             fmt::format("more than rope_low_freq_factor = {}", c.rope_scaling.low_freq_factor));
     }
   }
   if (!o.text("hf_dir").empty()) read_hf_config(o, c);
@@ -85,8 +95,8 @@ Config read_config(const Options& o) {
     o.fail("num_attention_heads", fmt::format("a head size hidden_size / heads that is even, got {}", c.head_dim()));
   }
   if (c.num_heads % c.num_kv_heads != 0) {
-    o.fail("num_key_value_heads", fmt::format("a divisor of num_attention_heads = {}, got {}", c.num_heads,
-                                              c.num_kv_heads));
+    o.fail("num_key_value_heads",
+           fmt::format("a divisor of num_attention_heads = {}, got {}", c.num_heads, c.num_kv_heads));
   }
   return c;
 }
@@ -128,7 +138,8 @@ void read_hf_config(const Options& o, Config& c) {
     const Json* v = json_find(json, key);
     using T = std::decay_t<decltype(field)>;
     if (!v || !v->is_number() || (std::is_integral_v<T> && !json_is_int64(*v))) {
-      throw InputError(fmt::format("{}: '{}' must be {}", file, key, std::is_integral_v<T> ? "an integer" : "a number"));
+      throw InputError(
+          fmt::format("{}: '{}' must be {}", file, key, std::is_integral_v<T> ? "an integer" : "a number"));
     }
     const T value = std::is_integral_v<T> ? static_cast<T>(v->get<int64_t>()) : static_cast<T>(v->get<double>());
     // The same bounds as the recipe key: config.json is input like the recipe.
@@ -147,15 +158,19 @@ void read_hf_config(const Options& o, Config& c) {
   number("intermediate_size", c.intermediate_size, "intermediate_size");
   number("num_hidden_layers", c.num_layers, "num_hidden_layers");
   number("num_attention_heads", c.num_heads, "num_attention_heads");
-  if (json_find(json, "num_key_value_heads")) number("num_key_value_heads", c.num_kv_heads, "num_key_value_heads");
-  else c.num_kv_heads = c.num_heads;
+  if (json_find(json, "num_key_value_heads"))
+    number("num_key_value_heads", c.num_kv_heads, "num_key_value_heads");
+  else
+    c.num_kv_heads = c.num_heads;
   if (json_find(json, "rope_theta")) number("rope_theta", c.rope_theta, "rope_theta");
   if (json_find(json, "rms_norm_eps")) number("rms_norm_eps", c.rms_norm_eps, "rms_norm_eps");
-  if (json_find(json, "max_position_embeddings")) number("max_position_embeddings", c.max_positions, "max_position_embeddings");
-  if (const Json* tie = json_find(json, "tie_word_embeddings"); tie && tie->is_boolean()) c.tie_word_embeddings = tie->get<bool>();
+  if (json_find(json, "max_position_embeddings"))
+    number("max_position_embeddings", c.max_positions, "max_position_embeddings");
+  if (const Json* tie = json_find(json, "tie_word_embeddings"); tie && tie->is_boolean())
+    c.tie_word_embeddings = tie->get<bool>();
   if (const Json* act = json_find(json, "hidden_act"); act && act->is_string() && *act != "silu") {
-    throw InputError(fmt::format("{}: hidden_act '{}' is not supported (qwen2 implements silu)", file,
-                                 act->get<std::string>()));
+    throw InputError(
+        fmt::format("{}: hidden_act '{}' is not supported (qwen2 implements silu)", file, act->get<std::string>()));
   }
   // transformers 5 keeps the rope settings in rope_parameters (older
   // versions: rope_theta at the top and rope_scaling null).
@@ -210,7 +225,9 @@ std::vector<std::string> weight_files(const Options& o) {
   if (std::filesystem::exists(dir / "model.safetensors")) return {(dir / "model.safetensors").string()};
   const std::string index_file = (dir / "model.safetensors.index.json").string();
   std::ifstream in(index_file);
-  if (!in) o.fail("hf_dir", fmt::format("a directory with model.safetensors or model.safetensors.index.json: {}", dir.string()));
+  if (!in)
+    o.fail("hf_dir",
+           fmt::format("a directory with model.safetensors or model.safetensors.index.json: {}", dir.string()));
   std::stringstream text;
   text << in.rdbuf();
   std::vector<std::string> files;

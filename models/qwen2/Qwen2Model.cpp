@@ -9,42 +9,40 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <set>
-#include <fstream>
 #include <sstream>
 #include <string_view>
 
 #include <fmt/ranges.h>
 
 #include "trainer/Errors.h"
-#include "trainer/util/JsonSupport.h"
 #include "trainer/Model.h"
-#include "trainer/util/Safetensors.h"
 #include "trainer/ops/Attention.h"
-#include "trainer/util/TorchCompat.h"
 #include "trainer/ops/Linear.h"
 #include "trainer/ops/LinearCrossEntropy.h"
 #include "trainer/ops/Recompute.h"
 #include "trainer/ops/RmsNorm.h"
 #include "trainer/ops/Rotary.h"
 #include "trainer/ops/SwiGlu.h"
+#include "trainer/util/JsonSupport.h"
+#include "trainer/util/Safetensors.h"
+#include "trainer/util/TorchCompat.h"
 
 #include "Qwen2Config.h"
 
 namespace {
 
 using namespace trainer;
-using torch::Tensor;
 using qwen2::Config;
-
+using torch::Tensor;
 
 struct Layer {
   Tensor q_weight, q_bias, k_weight, k_bias, v_weight, v_bias, o_weight;
   Tensor gate_weight, up_weight, down_weight;
   Tensor input_norm, post_attention_norm;
 };
-
 
 class Qwen2Model final : public Model {
  public:
@@ -78,8 +76,9 @@ class Qwen2Model final : public Model {
     if (!options.text("hf_dir").empty()) load_weights(options.text("hf_dir"), qwen2::weight_files(options));
     if (const std::string& from = options.text("init_from"); !from.empty()) {
       if (!std::filesystem::is_regular_file(from)) {
-        options.fail("init_from", fmt::format("a .safetensors file; {} {}", from,
-                                              std::filesystem::exists(from) ? "is not a regular file" : "does not exist"));
+        options.fail("init_from",
+                     fmt::format("a .safetensors file; {} {}", from,
+                                 std::filesystem::exists(from) ? "is not a regular file" : "does not exist"));
       }
       load_weights("model.init_from", {from});
     }
@@ -147,19 +146,19 @@ class Qwen2Model final : public Model {
     Json config{{"architectures", {c.is_llama() ? "LlamaForCausalLM" : "Qwen2ForCausalLM"}},
                 {"model_type", c.is_llama() ? "llama" : "qwen2"},
                 {"hidden_act", "silu"},
-                      {"vocab_size", c.vocab_size},
-                      {"hidden_size", c.hidden_size},
-                      {"intermediate_size", c.intermediate_size},
-                      {"num_hidden_layers", c.num_layers},
-                      {"num_attention_heads", c.num_heads},
-                      {"num_key_value_heads", c.num_kv_heads},
-                      {"rope_theta", c.rope_theta},
-                      {"rms_norm_eps", c.rms_norm_eps},
-                      {"initializer_range", c.initializer_range},
-                      {"tie_word_embeddings", c.tie_word_embeddings},
-                      {"max_position_embeddings", c.max_positions},
-                      {"attention_dropout", 0.0},
-                      {"torch_dtype", "float32"}};
+                {"vocab_size", c.vocab_size},
+                {"hidden_size", c.hidden_size},
+                {"intermediate_size", c.intermediate_size},
+                {"num_hidden_layers", c.num_layers},
+                {"num_attention_heads", c.num_heads},
+                {"num_key_value_heads", c.num_kv_heads},
+                {"rope_theta", c.rope_theta},
+                {"rms_norm_eps", c.rms_norm_eps},
+                {"initializer_range", c.initializer_range},
+                {"tie_word_embeddings", c.tie_word_embeddings},
+                {"max_position_embeddings", c.max_positions},
+                {"attention_dropout", 0.0},
+                {"torch_dtype", "float32"}};
     if (c.is_llama()) {
       config["attention_bias"] = c.attention_bias;
       config["mlp_bias"] = false;
@@ -176,7 +175,6 @@ class Qwen2Model final : public Model {
     }
     return config.dump(2) + "\n";
   }
-
 
  private:
   // Embedding, blocks, final norm, then `head` on the normed hidden states.
@@ -219,10 +217,10 @@ class Qwen2Model final : public Model {
         c.attention_bias ? std::vector<Tensor>{l.q_bias, l.k_bias, l.v_bias} : std::vector<Tensor>{};
     const Tensor qkv = ops::linear_of(norm, x, {l.input_norm}, {l.q_weight, l.k_weight, l.v_weight}, qkv_biases);
     const ops::QkvHeads heads = ops::split_qkv_rotary(qkv, c.num_heads, c.num_kv_heads, tables);
-    const Tensor attention = ops::causal_attention(heads.q.transpose(1, 2), heads.k.transpose(1, 2),
-                                                      heads.v.transpose(1, 2))
-                                 .transpose(1, 2)
-                                 .reshape({b, t, c.hidden_size});
+    const Tensor attention =
+        ops::causal_attention(heads.q.transpose(1, 2), heads.k.transpose(1, 2), heads.v.transpose(1, 2))
+            .transpose(1, 2)
+            .reshape({b, t, c.hidden_size});
     const Tensor y = x + ops::linear(attention, {l.o_weight});
     const Tensor gate_up = ops::linear_of(norm, y, {l.post_attention_norm}, {l.gate_weight, l.up_weight});
     return y + ops::linear_of(swiglu, gate_up, {}, {l.down_weight});

@@ -84,10 +84,14 @@ namespace plugin_detail {
 template <typename T>
 Component* create(const Options& options, const Context& context) {
   (void)options, (void)context;  // each constructor takes some of them
-  if constexpr (std::is_constructible_v<T, const Options&, const Context&>) return new T(options, context);
-  else if constexpr (std::is_constructible_v<T, const Options&>) return new T(options);
-  else if constexpr (std::is_constructible_v<T, const Context&>) return new T(context);
-  else return new T();
+  if constexpr (std::is_constructible_v<T, const Options&, const Context&>)
+    return new T(options, context);
+  else if constexpr (std::is_constructible_v<T, const Options&>)
+    return new T(options);
+  else if constexpr (std::is_constructible_v<T, const Context&>)
+    return new T(context);
+  else
+    return new T();
 }
 
 }  // namespace plugin_detail
@@ -107,16 +111,22 @@ Component* create(const Options& options, const Context& context) {
 /// constructor); NAME, VERSION, DESCRIPTION: string literals; KEYS: its
 /// recipe keys, an array of KeySpec, a container of them with data() and
 /// size() that outlives the process, or trainer::kNoKeys.
-#define TRAINER_DEFINE_PLUGIN(KIND, CLASS, NAME, VERSION, DESCRIPTION, KEYS)                                    \
-  namespace {                                                                                                   \
-  namespace trainer_plugin_definition {                                                                         \
-  const ::trainer::PluginDescriptor* describe() {                                                               \
-    static const auto& keys = KEYS;                                                                             \
-    static const ::trainer::PluginDescriptor descriptor{                                                        \
-        ::trainer::kAbiVersion,      ::trainer::PluginKind::KIND, NAME, VERSION, DESCRIPTION, TRAINER_TORCH_VERSION, \
-        std::data(keys),             std::size(keys),             &::trainer::plugin_detail::create<CLASS>};     \
-    return &descriptor;                                                                                         \
-  }                                                                                                             \
-  }                                                                                                             \
-  }                                                                                                             \
+#define TRAINER_DEFINE_PLUGIN(KIND, CLASS, NAME, VERSION, DESCRIPTION, KEYS)                       \
+  namespace {                                                                                      \
+  namespace trainer_plugin_definition {                                                            \
+  const ::trainer::PluginDescriptor* describe() {                                                  \
+    static const auto& keys = KEYS;                                                                \
+    static const ::trainer::PluginDescriptor descriptor{::trainer::kAbiVersion,                    \
+                                                        ::trainer::PluginKind::KIND,               \
+                                                        NAME,                                      \
+                                                        VERSION,                                   \
+                                                        DESCRIPTION,                               \
+                                                        TRAINER_TORCH_VERSION,                     \
+                                                        std::data(keys),                           \
+                                                        std::size(keys),                           \
+                                                        &::trainer::plugin_detail::create<CLASS>}; \
+    return &descriptor;                                                                            \
+  }                                                                                                \
+  }                                                                                                \
+  }                                                                                                \
   TRAINER_PLUGIN(trainer_plugin_definition::describe)

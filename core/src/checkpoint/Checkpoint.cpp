@@ -13,13 +13,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "reproducible/ExactGradients.h"
-#include "util/Files.h"
 #include "checkpoint/Manifest.h"
+#include "reproducible/ExactGradients.h"
 #include "trainer/Errors.h"
-#include "trainer/util/JsonSupport.h"
 #include "trainer/Log.h"
+#include "trainer/util/JsonSupport.h"
 #include "trainer/util/Safetensors.h"
+#include "util/Files.h"
 
 namespace trainer {
 

@@ -56,5 +56,4 @@ inline bool overlap(const Slice& slice, int64_t numel, const manifest::Range& ra
   return *end > *begin;
 }
 
-
 }  // namespace trainer

@@ -82,7 +82,8 @@ WorldInfo world_from_environment() {
   if (world.world_size < 1 || world.rank >= world.world_size) {
     throw InputError(fmt::format("{}: rank {} is not below world size {}", world.source, world.rank, world.world_size));
   }
-  if (const char* addr = env("MASTER_ADDR")) world.master_addr = addr;
+  if (const char* addr = env("MASTER_ADDR"))
+    world.master_addr = addr;
   else if (world.world_size > 1 && env("SLURM_PROCID")) {
     throw InputError("Slurm job without MASTER_ADDR: export MASTER_ADDR (the first node's address) and MASTER_PORT");
   }
@@ -99,15 +100,14 @@ namespace {
 
 // The launcher's environment with the rendezvous variables of worker `rank` set.
 std::vector<std::string> worker_environment(int rank, int nproc, int port) {
-  const std::vector<std::pair<std::string, std::string>> set = {
-      {kWorkerVariable, "1"},
-      {"RANK", std::to_string(rank)},
-      {"LOCAL_RANK", std::to_string(rank)},
-      {"WORLD_SIZE", std::to_string(nproc)},
-      {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
-      {"MASTER_ADDR", "127.0.0.1"},
-      {"MASTER_PORT", std::to_string(port)},
-      {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  const std::vector<std::pair<std::string, std::string>> set = {{kWorkerVariable, "1"},
+                                                                {"RANK", std::to_string(rank)},
+                                                                {"LOCAL_RANK", std::to_string(rank)},
+                                                                {"WORLD_SIZE", std::to_string(nproc)},
+                                                                {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+                                                                {"MASTER_ADDR", "127.0.0.1"},
+                                                                {"MASTER_PORT", std::to_string(port)},
+                                                                {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
   std::vector<std::string> environment;
   for (char** entry = environ; *entry; ++entry) {
     const std::string text = *entry;
@@ -210,10 +210,9 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
       }
     }
     const auto now = Clock::now();
-    if (!stopping && first_exit != Clock::time_point{} &&
-        now - first_exit > std::chrono::duration<double>(timeout_s)) {
-      log::error(fmt::format("{} worker(s) still running {} s after another finished; stopping them", running,
-                             timeout_s));
+    if (!stopping && first_exit != Clock::time_point{} && now - first_exit > std::chrono::duration<double>(timeout_s)) {
+      log::error(
+          fmt::format("{} worker(s) still running {} s after another finished; stopping them", running, timeout_s));
       exit_code = 1;
       stopping = true;
       stop_sent = now;

@@ -127,8 +127,8 @@ Trained train_against_reference(const KitRun& run, double max_norm) {
 }
 
 void check_parameters(const Trained& trained, ConformanceRow& row) {
-  row.param_error =
-      relative_error(minus(trained.strategy->parameter_slices(), trained.start), trained.reference_change, &trained.mask);
+  row.param_error = relative_error(minus(trained.strategy->parameter_slices(), trained.start), trained.reference_change,
+                                   &trained.mask);
   row.masked = trained.masked;
 }
 

@@ -17,10 +17,10 @@
 #include "kit/Conformance.h"
 #include "kit/Reference.h"
 #include "tools/Metrics.h"
-#include "trainer/sharding/ShardGroups.h"
-#include "util/Files.h"
 #include "trainer/Errors.h"
+#include "trainer/sharding/ShardGroups.h"
 #include "trainer/util/JsonSupport.h"
+#include "util/Files.h"
 
 namespace trainer {
 

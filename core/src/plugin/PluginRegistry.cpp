@@ -5,9 +5,9 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include <elf.h>
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
-#include <elf.h>
 
 #include <cstring>
 #include <fstream>
@@ -29,8 +29,7 @@ std::vector<boost::dll::shared_library>& loaded_libraries() {
 }
 
 bool names_a_file(const std::string& name) {
-  return name.find('/') != std::string::npos ||
-         (name.size() > 3 && name.compare(name.size() - 3, 3, ".so") == 0);
+  return name.find('/') != std::string::npos || (name.size() > 3 && name.compare(name.size() - 3, 3, ".so") == 0);
 }
 
 // dlopen maps a shared library without checking that the file holds what
@@ -59,10 +58,11 @@ void check_elf(const std::string& path) {
     throw InputError(fmt::format("{}: an ELF file but not a 64-bit shared library for this machine", path));
   }
   uint64_t needed = header.e_phoff + uint64_t(header.e_phnum) * header.e_phentsize;
-  if (header.e_shoff != 0) needed = std::max<uint64_t>(needed, header.e_shoff + uint64_t(header.e_shnum) * header.e_shentsize);
+  if (header.e_shoff != 0)
+    needed = std::max<uint64_t>(needed, header.e_shoff + uint64_t(header.e_shnum) * header.e_shentsize);
   if (needed > size || header.e_phentsize != sizeof(Elf64_Phdr)) {
-    throw InputError(fmt::format("{}: truncated or damaged: its ELF headers need {} bytes, the file has {}", path,
-                                 needed, size));
+    throw InputError(
+        fmt::format("{}: truncated or damaged: its ELF headers need {} bytes, the file has {}", path, needed, size));
   }
   in.seekg(static_cast<std::streamoff>(header.e_phoff));
   for (int i = 0; i < header.e_phnum; ++i) {
@@ -92,9 +92,9 @@ LoadedPlugin load_library(const std::string& path) {
     throw InputError(fmt::format("{}: cannot load plugin: {}", canonical, error.message()));
   }
   if (!library.has(kEntryPoint)) {
-    throw InputError(fmt::format(
-        "{}: not a trainer plugin: it exports no '{}' entry point (declare one with TRAINER_PLUGIN)",
-        canonical, kEntryPoint));
+    throw InputError(
+        fmt::format("{}: not a trainer plugin: it exports no '{}' entry point (declare one with TRAINER_PLUGIN)",
+                    canonical, kEntryPoint));
   }
   DescribeFn& describe = library.get_alias<DescribeFn>(kEntryPoint);
   const PluginDescriptor* descriptor = describe();
@@ -104,17 +104,15 @@ LoadedPlugin load_library(const std::string& path) {
   // abi_version is read first and alone: the rest of the layout is only
   // known once it matches.
   if (descriptor->abi_version != kAbiVersion) {
-    throw InputError(fmt::format(
-        "{}: plugin ABI version {} does not match this trainer's ABI version {}; rebuild the plugin "
-        "against this trainer's SDK",
-        canonical, descriptor->abi_version, kAbiVersion));
+    throw InputError(
+        fmt::format("{}: plugin ABI version {} does not match this trainer's ABI version {}; rebuild the plugin "
+                    "against this trainer's SDK",
+                    canonical, descriptor->abi_version, kAbiVersion));
   }
-  if (descriptor->torch_version == nullptr ||
-      std::string(descriptor->torch_version) != TORCH_VERSION) {
-    throw InputError(fmt::format(
-        "{}: plugin was built against LibTorch {}, this trainer uses LibTorch {}; rebuild the plugin",
-        canonical, descriptor->torch_version ? descriptor->torch_version : "(unknown)",
-        TORCH_VERSION));
+  if (descriptor->torch_version == nullptr || std::string(descriptor->torch_version) != TORCH_VERSION) {
+    throw InputError(
+        fmt::format("{}: plugin was built against LibTorch {}, this trainer uses LibTorch {}; rebuild the plugin",
+                    canonical, descriptor->torch_version ? descriptor->torch_version : "(unknown)", TORCH_VERSION));
   }
   if (descriptor->name == nullptr || descriptor->create == nullptr ||
       static_cast<uint32_t>(descriptor->kind) > static_cast<uint32_t>(PluginKind::Comm)) {
@@ -128,11 +126,16 @@ LoadedPlugin load_library(const std::string& path) {
 
 const char* kind_name(PluginKind kind) {
   switch (kind) {
-    case PluginKind::Strategy: return "strategy";
-    case PluginKind::Model: return "model";
-    case PluginKind::Dataset: return "dataset";
-    case PluginKind::Logger: return "logger";
-    case PluginKind::Comm: return "comm";
+    case PluginKind::Strategy:
+      return "strategy";
+    case PluginKind::Model:
+      return "model";
+    case PluginKind::Dataset:
+      return "dataset";
+    case PluginKind::Logger:
+      return "logger";
+    case PluginKind::Comm:
+      return "comm";
   }
   return "unknown";
 }
@@ -144,9 +147,8 @@ const LoadedPlugin& PluginRegistry::add(const LoadedPlugin& plugin) {
     if (known.file == plugin.file) return known;
     if (known.descriptor->kind == plugin.descriptor->kind &&
         std::string(known.descriptor->name) == plugin.descriptor->name) {
-      throw InputError(fmt::format("two {} plugins are named '{}': {} and {}",
-                                   kind_name(plugin.descriptor->kind), plugin.descriptor->name,
-                                   known.file, plugin.file));
+      throw InputError(fmt::format("two {} plugins are named '{}': {} and {}", kind_name(plugin.descriptor->kind),
+                                   plugin.descriptor->name, known.file, plugin.file));
     }
   }
   plugins_.push_back(plugin);
@@ -169,9 +171,7 @@ void PluginRegistry::discover(const std::vector<std::string>& directories) {
   }
 }
 
-const LoadedPlugin& PluginRegistry::load_file(const std::string& path) {
-  return add(load_library(path));
-}
+const LoadedPlugin& PluginRegistry::load_file(const std::string& path) { return add(load_library(path)); }
 
 const LoadedPlugin& PluginRegistry::find(PluginKind kind, const std::string& name) {
   if (names_a_file(name)) {

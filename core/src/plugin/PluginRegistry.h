@@ -35,8 +35,7 @@ class PluginRegistry {
 
   /// Creates the plugin's component and checks it implements `Interface`.
   template <class Interface>
-  static std::unique_ptr<Interface> create(const LoadedPlugin& plugin, const Options& options,
-                                           const Context& context) {
+  static std::unique_ptr<Interface> create(const LoadedPlugin& plugin, const Options& options, const Context& context) {
     std::unique_ptr<Component> component(plugin.descriptor->create(options, context));
     if (auto* typed = dynamic_cast<Interface*>(component.get())) {
       component.release();

@@ -11,10 +11,14 @@ namespace trainer {
 namespace {
 const char* type_name(const Value& value) {
   switch (value.index()) {
-    case 0: return "a boolean";
-    case 1: return "an integer";
-    case 2: return "a float";
-    default: return "a string";
+    case 0:
+      return "a boolean";
+    case 1:
+      return "an integer";
+    case 2:
+      return "a float";
+    default:
+      return "a string";
   }
 }
 }  // namespace

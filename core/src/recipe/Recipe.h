@@ -41,8 +41,7 @@ struct Recipe {
 /// Parses and validates. Overrides are "section.key=value" or
 /// "logger.N.key=value"; values are TOML literals, or bare strings.
 /// Throws InputError naming the file, line and key.
-Recipe load_recipe(const std::string& file, const std::vector<std::string>& overrides,
-                   PluginRegistry& registry);
+Recipe load_recipe(const std::string& file, const std::vector<std::string>& overrides, PluginRegistry& registry);
 
 /// Validates a TOML table given as text (e.g. "hidden_size = 16") against a
 /// plugin's declared keys, filling defaults; for tools that build components

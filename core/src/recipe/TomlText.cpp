@@ -90,7 +90,8 @@ Scan scan(std::string_view text) {
           state = State::Comment;
         } else if (c == '"' || c == '\'') {
           const bool multi = run_of(i, c) >= 3;
-          state = c == '"' ? (multi ? State::MultiBasic : State::Basic) : (multi ? State::MultiLiteral : State::Literal);
+          state =
+              c == '"' ? (multi ? State::MultiBasic : State::Basic) : (multi ? State::MultiLiteral : State::Literal);
           take(multi ? 3 : 1);
           continue;
         }

@@ -10,8 +10,8 @@
 #include <fmt/format.h>
 
 #include "ops/Dispatch.h"
-#include "trainer/sharding/AdamW.h"
 #include "trainer/Errors.h"
+#include "trainer/sharding/AdamW.h"
 
 namespace trainer {
 

@@ -12,7 +12,7 @@ namespace trainer {
 struct MemoryPeaks {
   int64_t allocated_bytes = -1;  ///< CUDA caching allocator; -1 on the CPU
   int64_t reserved_bytes = -1;
-  int64_t rss_bytes = -1;        ///< the process's resident set on the CPU; -1 on CUDA
+  int64_t rss_bytes = -1;  ///< the process's resident set on the CPU; -1 on CUDA
 };
 
 /// Starts a new peak window on `device` (CUDA); nothing on the CPU.

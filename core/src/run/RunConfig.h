@@ -25,7 +25,7 @@ struct UpdateRule {
 
 /// [checkpoint]: where, how often, how many, and where to start from.
 struct CheckpointPolicy {
-  std::string dir;  ///< checkpoint.dir, or <output_dir>/checkpoints
+  std::string dir;       ///< checkpoint.dir, or <output_dir>/checkpoints
   int64_t interval = 0;  ///< optimizer steps between checkpoints; 0: only on a stop signal
   int64_t keep = 0;
   std::string resume;  ///< "", "auto" or a checkpoint's path

@@ -27,9 +27,10 @@ RunLock::RunLock(const std::string& dir) {
     holder << in.rdbuf();
     close(fd_);
     fd_ = -1;
-    throw InputError(fmt::format("run.output_dir {} is in use by another trainer run ({}); wait for it to end or "
-                                 "choose another run.output_dir",
-                                 dir, holder.str().empty() ? "holder unknown" : holder.str()));
+    throw InputError(
+        fmt::format("run.output_dir {} is in use by another trainer run ({}); wait for it to end or "
+                    "choose another run.output_dir",
+                    dir, holder.str().empty() ? "holder unknown" : holder.str()));
   }
   char host[256] = "?";
   gethostname(host, sizeof(host) - 1);

@@ -37,8 +37,8 @@ std::vector<int64_t> GlobalBatchSampler::global_batch(int64_t step, int64_t glob
   return batch;
 }
 
-std::vector<int64_t> local_micro_batch(const std::vector<int64_t>& global, const BatchShape& shape,
-                                       int rank, int64_t micro_step) {
+std::vector<int64_t> local_micro_batch(const std::vector<int64_t>& global, const BatchShape& shape, int rank,
+                                       int64_t micro_step) {
   const int64_t per_rank = shape.micro_batch_size * shape.grad_accum_steps;
   const int64_t begin = rank * per_rank + micro_step * shape.micro_batch_size;
   return std::vector<int64_t>(global.begin() + begin, global.begin() + begin + shape.micro_batch_size);

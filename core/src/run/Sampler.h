@@ -34,7 +34,7 @@ class GlobalBatchSampler {
 /// The slice of a global batch that `rank` trains at `micro_step`: rank r
 /// owns positions [r * mb * accum, (r + 1) * mb * accum), and micro-step m
 /// the m-th block of mb inside it.
-std::vector<int64_t> local_micro_batch(const std::vector<int64_t>& global, const BatchShape& shape,
-                                       int rank, int64_t micro_step);
+std::vector<int64_t> local_micro_batch(const std::vector<int64_t>& global, const BatchShape& shape, int rank,
+                                       int64_t micro_step);
 
 }  // namespace trainer

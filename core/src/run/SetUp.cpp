@@ -12,9 +12,9 @@
 #include "checkpoint/Checkpoint.h"
 #include "distributed/Rendezvous.h"
 #include "run/DeviceStats.h"
-#include "util/Files.h"
 #include "trainer/Errors.h"
 #include "trainer/Log.h"
+#include "util/Files.h"
 
 namespace trainer {
 
@@ -42,8 +42,8 @@ std::unique_ptr<Comm> connect_comm(const Recipe& recipe, const RunConfig& config
   check_backend(recipe, registry, world.world_size);
   const std::string& backend = config.comm.backend;
   if (world.world_size > 1 && (backend == "nccl" || backend == "gloo") && (backend == "nccl") != device.is_cuda()) {
-    recipe.distributed.fail("backend", fmt::format("'{}' for run.device = '{}'", device.is_cuda() ? "nccl" : "gloo",
-                                                   config.device));
+    recipe.distributed.fail(
+        "backend", fmt::format("'{}' for run.device = '{}'", device.is_cuda() ? "nccl" : "gloo", config.device));
   }
   return connect_world(registry, backend, world, config.comm.timeout(), device, recipe.resolved_toml());
 }

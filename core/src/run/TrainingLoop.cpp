@@ -176,7 +176,7 @@ void reproducible_reduction(RunParts& run, const std::vector<MicroBatch>& atoms,
 // N_t is known before the first backward (contract, point 2); then forward
 // and backward per micro-batch, the reduction, and the update (or a skip).
 StepOutcome optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const UpdateRule& rule, int64_t step,
-                          int64_t& applied_updates) {
+                           int64_t& applied_updates) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   const BatchShape& shape = run.shape;
@@ -348,8 +348,8 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   write_memory_report(*run.strategy, *run.comm, run.device, out / "memory.json", run.writer);
   const std::vector<torch::Tensor> weights =
       consolidated_parameters(*run.model, *run.strategy, *run.comm, run.device, run.writer);
-  write_summary(*run.strategy, *run.comm, run.device, out / "summary.json", run.writer, config.steps,
-                applied_updates, weights);
+  write_summary(*run.strategy, *run.comm, run.device, out / "summary.json", run.writer, config.steps, applied_updates,
+                weights);
   write_final_weights(*run.model, weights, context.output_dir, run.writer);
 }
 

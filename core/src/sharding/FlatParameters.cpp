@@ -6,8 +6,8 @@
 
 namespace trainer {
 
-std::vector<ParameterGroup> flatten_parameters(const std::vector<NamedParameter>& params,
-                                               torch::Device device, int64_t pad_to, torch::Dtype dtype,
+std::vector<ParameterGroup> flatten_parameters(const std::vector<NamedParameter>& params, torch::Device device,
+                                               int64_t pad_to, torch::Dtype dtype,
                                                c10::optional<torch::Dtype> compute_dtype) {
   torch::NoGradGuard no_grad;
   std::vector<ParameterGroup> groups;

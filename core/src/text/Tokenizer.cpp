@@ -44,8 +44,7 @@ using TokenizerJson = nlohmann::json;
 namespace {
 
 // GPT-2's pre-tokenizer pattern (ByteLevel with use_regex = true).
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -221,9 +220,9 @@ struct Tokenizer::Impl {
   std::unique_ptr<Pattern> pattern;
   std::unordered_map<std::string, int32_t> vocab;
   std::unordered_map<uint64_t, Merge> merges;  ///< (left id << 32 | right id)
-  std::vector<int32_t> byte_ids;                ///< the id of each byte's character
+  std::vector<int32_t> byte_ids;               ///< the id of each byte's character
   std::vector<std::string> alphabet;
-  std::vector<AddedToken> added;                ///< longest first
+  std::vector<AddedToken> added;  ///< longest first
   bool added_first_byte[256] = {};
   int64_t vocab_size = 0;
   std::optional<int64_t> bos, eos;
@@ -428,7 +427,8 @@ void read_added_tokens(const TokenizerJson& root, Tokenizer::Impl& t) {
 }
 
 // tokenizer_config.json's bos_token / eos_token: a string or {"content": ...}.
-std::optional<int64_t> special_of(const TokenizerJson& config, const char* key, const fs::path& file, const Tokenizer& t) {
+std::optional<int64_t> special_of(const TokenizerJson& config, const char* key, const fs::path& file,
+                                  const Tokenizer& t) {
   const TokenizerJson* v = json_find(config, key);
   if (!v || v->is_null()) return std::nullopt;
   const TokenizerJson* content = v->is_object() ? json_find(*v, "content") : v;
@@ -437,8 +437,8 @@ std::optional<int64_t> special_of(const TokenizerJson& config, const char* key, 
   }
   const std::optional<int64_t> id = t.token_id(content->get<std::string>());
   if (!id) {
-    throw InputError(fmt::format("{}: {} '{}' is not a token of {}", file.string(), key, content->get<std::string>(),
-                                 t.path()));
+    throw InputError(
+        fmt::format("{}: {} '{}' is not a token of {}", file.string(), key, content->get<std::string>(), t.path()));
   }
   return id;
 }
@@ -518,9 +518,10 @@ struct Tokenizer::Impl {
 };
 
 std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& where) {
-  throw InputError(fmt::format("{}: this trainer was built without the tokenizer (it needs PCRE2 and utf8proc: "
-                               "libpcre2-dev, libutf8proc-dev)",
-                               where));
+  throw InputError(
+      fmt::format("{}: this trainer was built without the tokenizer (it needs PCRE2 and utf8proc: "
+                  "libpcre2-dev, libutf8proc-dev)",
+                  where));
 }
 
 std::vector<int64_t> Tokenizer::encode(std::string_view) const { return {}; }

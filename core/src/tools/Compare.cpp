@@ -10,11 +10,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "util/Files.h"
-#include "tools/Metrics.h"
 #include "recipe/TomlText.h"
+#include "tools/Metrics.h"
 #include "trainer/Errors.h"
 #include "trainer/util/JsonSupport.h"
+#include "util/Files.h"
 
 namespace trainer {
 

@@ -50,7 +50,8 @@ void export_run(const std::string& run_dir, const std::string& to) {
     throw InputError(fmt::format("trainer export: --to {} is the directory exported from; choose another", to));
   }
   if (fs::exists(fs::path(to) / "model.safetensors")) {
-    throw InputError(fmt::format("trainer export: {} already holds a model.safetensors; choose an empty directory", to));
+    throw InputError(
+        fmt::format("trainer export: {} already holds a model.safetensors; choose an empty directory", to));
   }
   if (fs::exists(fs::path(run_dir) / "manifest.json")) {  // a checkpoint
     export_checkpoint(run_dir, to);

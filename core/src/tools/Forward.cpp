@@ -26,7 +26,8 @@ void write_logits(const Recipe& recipe, const std::string& tokens_file, const st
     for (int64_t id; fields >> id;) row.push_back(id);
     if (row.empty()) continue;
     if (!rows.empty() && row.size() != rows.front().size()) {
-      throw InputError(fmt::format("{}:{}: {} ids, the first line has {}", tokens_file, number, row.size(), rows.front().size()));
+      throw InputError(
+          fmt::format("{}:{}: {} ids, the first line has {}", tokens_file, number, row.size(), rows.front().size()));
     }
     rows.push_back(std::move(row));
   }
@@ -39,7 +40,8 @@ void write_logits(const Recipe& recipe, const std::string& tokens_file, const st
   const torch::Device device = context.device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   torch::NoGradGuard no_grad;
   for (const NamedParameter& p : model->parameters()) p.tensor.set_data(p.tensor.to(device));
-  torch::Tensor ids = torch::empty({static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())}, torch::kInt64);
+  torch::Tensor ids =
+      torch::empty({static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())}, torch::kInt64);
   for (size_t r = 0; r < rows.size(); ++r) {
     for (size_t i = 0; i < rows[r].size(); ++i) ids[r][i] = rows[r][i];
   }

@@ -26,13 +26,17 @@ std::vector<MetricsRow> read_metrics(const std::string& path) {
     } catch (const std::exception& error) {
       throw InputError(fmt::format("{}:{}: malformed metrics record: {}", path, number, error.what()));
     }
-    if (!record.is_object()) throw InputError(fmt::format("{}:{}: malformed metrics record: not an object", path, number));
+    if (!record.is_object())
+      throw InputError(fmt::format("{}:{}: malformed metrics record: not an object", path, number));
     MetricsRow row;
     for (const auto& item : record.items()) {
       const Json& value = item.value();
-      if (value.is_number()) row[item.key()] = value.get<double>();
-      else if (value.is_boolean()) row[item.key()] = value.get<bool>() ? 1.0 : 0.0;
-      else if (value.is_null()) row[item.key()] = std::numeric_limits<double>::quiet_NaN();
+      if (value.is_number())
+        row[item.key()] = value.get<double>();
+      else if (value.is_boolean())
+        row[item.key()] = value.get<bool>() ? 1.0 : 0.0;
+      else if (value.is_null())
+        row[item.key()] = std::numeric_limits<double>::quiet_NaN();
     }
     rows.push_back(std::move(row));
   }

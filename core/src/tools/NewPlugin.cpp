@@ -2,6 +2,7 @@
 // project, names substituted (see NewPlugin.h).
 #include "tools/NewPlugin.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
@@ -10,13 +11,12 @@
 #include <map>
 #include <string_view>
 #include <system_error>
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "util/Files.h"
 #include "trainer/Errors.h"
+#include "util/Files.h"
 
 namespace trainer {
 
@@ -33,16 +33,20 @@ namespace {
 // What each kind's README says it is.
 const std::map<std::string, std::string>& kinds() {
   static const std::map<std::string, std::string> about = {
-      {"comm", "A communication backend: collectives on CPU tensors through the job's rendezvous store. Choose it "
-               "with `[distributed] backend = '@NAME@'`; it is used at world size > 1."},
-      {"dataset", "A dataset: sequences that count up modulo the vocabulary. Choose it with `[dataset] name = "
-                  "'@NAME@'`."},
+      {"comm",
+       "A communication backend: collectives on CPU tensors through the job's rendezvous store. Choose it "
+       "with `[distributed] backend = '@NAME@'`; it is used at world size > 1."},
+      {"dataset",
+       "A dataset: sequences that count up modulo the vocabulary. Choose it with `[dataset] name = "
+       "'@NAME@'`."},
       {"logger", "A logger: prints the loss every few steps. Add it with `[[logger]] name = '@NAME@'`."},
-      {"model", "A model: a bigram language model with two units (embedding, output), so every strategy, zero3 "
-                "included, can train it. Choose it with `[model] name = '@NAME@'`."},
-      {"strategy", "A strategy: plain data parallelism (whole fp32 gradients all-reduced as sums, full AdamW state "
-                   "on every rank) that passes `trainer check-plugin`. Choose it with `[strategy] name = "
-                   "'@NAME@'`."},
+      {"model",
+       "A model: a bigram language model with two units (embedding, output), so every strategy, zero3 "
+       "included, can train it. Choose it with `[model] name = '@NAME@'`."},
+      {"strategy",
+       "A strategy: plain data parallelism (whole fp32 gradients all-reduced as sums, full AdamW state "
+       "on every rank) that passes `trainer check-plugin`. Choose it with `[strategy] name = "
+       "'@NAME@'`."},
   };
   return about;
 }
@@ -65,15 +69,16 @@ void new_plugin(const std::string& kind, const std::string& name, const std::str
     for (const auto& [k, text] : about) names.push_back(k);
     throw InputError(fmt::format("new-plugin: unknown kind '{}'; expected one of {}", kind, fmt::join(names, ", ")));
   }
-  const bool valid_name = !name.empty() && name.size() <= 64 && std::islower(static_cast<unsigned char>(name[0])) &&
-                          std::all_of(name.begin(), name.end(), [](char c) {
-                            return std::islower(static_cast<unsigned char>(c)) ||
-                                   std::isdigit(static_cast<unsigned char>(c)) || c == '-';
-                          });
+  const bool valid_name =
+      !name.empty() && name.size() <= 64 && std::islower(static_cast<unsigned char>(name[0])) &&
+      std::all_of(name.begin(), name.end(), [](char c) {
+        return std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '-';
+      });
   if (!valid_name) {
-    throw InputError(fmt::format("new-plugin: name '{}': expected a lowercase letter, then lowercase letters, "
-                                 "digits and '-' (at most 64), as recipes write it",
-                                 name));
+    throw InputError(
+        fmt::format("new-plugin: name '{}': expected a lowercase letter, then lowercase letters, "
+                    "digits and '-' (at most 64), as recipes write it",
+                    name));
   }
   std::error_code error;
   const std::filesystem::path target(dir);
@@ -133,9 +138,10 @@ void new_plugin(const std::string& kind, const std::string& name, const std::str
   std::sort(written.begin(), written.end());
   std::cout << fmt::format("wrote {} plugin '{}' to {}:\n", kind, name, dir);
   for (const std::string& file : written) std::cout << "  " << file << "\n";
-  std::cout << fmt::format("build and test it:\n  cmake -S {0} -B {0}/build -DCMAKE_PREFIX_PATH=<trainer's prefix>\n"
-                           "  cmake --build {0}/build && ctest --test-dir {0}/build --output-on-failure\n",
-                           dir);
+  std::cout << fmt::format(
+      "build and test it:\n  cmake -S {0} -B {0}/build -DCMAKE_PREFIX_PATH=<trainer's prefix>\n"
+      "  cmake --build {0}/build && ctest --test-dir {0}/build --output-on-failure\n",
+      dir);
 }
 
 }  // namespace trainer

@@ -22,11 +22,11 @@
 
 #include <fmt/format.h>
 
-#include "util/Files.h"
 #include "trainer/Errors.h"
-#include "trainer/util/JsonSupport.h"
 #include "trainer/Log.h"
+#include "trainer/util/JsonSupport.h"
 #include "trainer/util/Tokenizer.h"
+#include "util/Files.h"
 
 namespace trainer {
 
@@ -79,10 +79,10 @@ class Progress {
     next_report_ = share + 0.1;
     constexpr int width = 30;
     const int filled = static_cast<int>(share * width);
-    const std::string bar = std::string(filled, '=') + (filled < width ? ">" : "") +
-                            std::string(std::max(0, width - filled - 1), ' ');
-    fmt::print(stderr, "{}[{}] {:3.0f}%  {} tokens  {:.2f} MB/s  {:.0f} tokens/s{}", tty_ ? "\r" : "", bar,
-               100 * share, tokens, seconds > 0 ? bytes / seconds / 1e6 : 0.0, seconds > 0 ? tokens / seconds : 0.0,
+    const std::string bar =
+        std::string(filled, '=') + (filled < width ? ">" : "") + std::string(std::max(0, width - filled - 1), ' ');
+    fmt::print(stderr, "{}[{}] {:3.0f}%  {} tokens  {:.2f} MB/s  {:.0f} tokens/s{}", tty_ ? "\r" : "", bar, 100 * share,
+               tokens, seconds > 0 ? bytes / seconds / 1e6 : 0.0, seconds > 0 ? tokens / seconds : 0.0,
                tty_ && !final ? "" : "\n");
     std::fflush(stderr);
   }
@@ -133,8 +133,8 @@ int tokenize_corpus(const TokenizeRequest& request) {
     }
   } cleanup{out_tmp, docs_tmp};
 
-  const unsigned threads = request.threads > 0 ? static_cast<unsigned>(request.threads)
-                                               : std::max(1u, std::thread::hardware_concurrency());
+  const unsigned threads =
+      request.threads > 0 ? static_cast<unsigned>(request.threads) : std::max(1u, std::thread::hardware_concurrency());
   Progress progress(total_bytes);
   uint64_t bytes_read = 0, offset = 0;
   int64_t documents = 0, skipped = 0, number = 0;
@@ -190,12 +190,12 @@ int tokenize_corpus(const TokenizeRequest& request) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   progress.update(total_bytes, static_cast<int64_t>(offset), seconds, /*final=*/true);
   if (skipped > 0) log::warn(fmt::format("skipped {} bad line(s); the first: {}", skipped, first_bad));
-  log::info(fmt::format("tokenized {} documents into {} tokens in {:.2f} s (after {:.2f} s loading the tokenizer): "
-                        "{:.0f} tokens/s, {:.2f} MB/s with {} thread(s); {} (dtype = \"{}\", vocab_size = {}) and {} "
-                        "(document offsets)",
-                        documents, offset, seconds, load_seconds, offset / seconds, total_bytes / seconds / 1e6, threads,
-                        out_path.string(), width == 2 ? "uint16" : "uint32", tokenizer->vocab_size(),
-                        docs_path.string()));
+  log::info(
+      fmt::format("tokenized {} documents into {} tokens in {:.2f} s (after {:.2f} s loading the tokenizer): "
+                  "{:.0f} tokens/s, {:.2f} MB/s with {} thread(s); {} (dtype = \"{}\", vocab_size = {}) and {} "
+                  "(document offsets)",
+                  documents, offset, seconds, load_seconds, offset / seconds, total_bytes / seconds / 1e6, threads,
+                  out_path.string(), width == 2 ? "uint16" : "uint32", tokenizer->vocab_size(), docs_path.string()));
   return 0;
 }
 

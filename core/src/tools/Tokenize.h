@@ -6,11 +6,11 @@
 namespace trainer {
 
 struct TokenizeRequest {
-  std::string input;      ///< jsonl, one {"text": ...} per line
-  std::string tokenizer;  ///< a tokenizer.json or a directory holding one
-  std::string out;        ///< the tokens file; OUT.docs gets the document offsets
+  std::string input;           ///< jsonl, one {"text": ...} per line
+  std::string tokenizer;       ///< a tokenizer.json or a directory holding one
+  std::string out;             ///< the tokens file; OUT.docs gets the document offsets
   std::string dtype = "auto";  ///< uint16, uint32 or auto (uint16 when the vocabulary fits)
-  int threads = 0;        ///< 0: one per core
+  int threads = 0;             ///< 0: one per core
   bool skip_bad_lines = false;
 };
 

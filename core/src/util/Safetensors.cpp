@@ -42,7 +42,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   bytes_ = static_cast<size_t>(info.st_size);
   if (bytes_ < 8) {
     close(fd);
-    throw InputError(fmt::format("{}: truncated safetensors file ({} bytes, the header length alone is 8)", path, bytes_));
+    throw InputError(
+        fmt::format("{}: truncated safetensors file ({} bytes, the header length alone is 8)", path, bytes_));
   }
   data_ = mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
@@ -50,12 +51,12 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   uint64_t header_bytes = 0;
   std::memcpy(&header_bytes, data_, 8);
   if (header_bytes > bytes_ - 8) {
-    throw InputError(fmt::format("{}: truncated safetensors file: header of {} bytes, file of {}", path, header_bytes, bytes_));
+    throw InputError(
+        fmt::format("{}: truncated safetensors file: header of {} bytes, file of {}", path, header_bytes, bytes_));
   }
   data_start_ = 8 + header_bytes;
-  for (SafetensorsEntry& parsed :
-       parse_safetensors_header(std::string_view(static_cast<const char*>(data_) + 8, header_bytes),
-                                bytes_ - data_start_, path)) {
+  for (SafetensorsEntry& parsed : parse_safetensors_header(
+           std::string_view(static_cast<const char*>(data_) + 8, header_bytes), bytes_ - data_start_, path)) {
     Entry e;
     e.name = std::move(parsed.name);
     for (const DtypeName& d : kDtypes) {
@@ -107,7 +108,8 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     if (!dtype) throw std::invalid_argument(fmt::format("write_safetensors: '{}' has an unsupported dtype", name));
     const size_t bytes = static_cast<size_t>(host.back().numel()) * host.back().element_size();
     if (entries.contains(name)) throw std::invalid_argument(fmt::format("write_safetensors: '{}' given twice", name));
-    entries[name] = Json{{"dtype", dtype}, {"shape", host.back().sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    entries[name] =
+        Json{{"dtype", dtype}, {"shape", host.back().sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string header = entries.dump();
@@ -116,7 +118,8 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   FILE* out = std::fopen(temporary.c_str(), "wb");
   if (!out) throw InputError(fmt::format("{}: cannot write: {}", temporary, std::strerror(errno)));
   const uint64_t header_bytes = header.size();
-  bool ok = std::fwrite(&header_bytes, 8, 1, out) == 1 && std::fwrite(header.data(), 1, header.size(), out) == header.size();
+  bool ok =
+      std::fwrite(&header_bytes, 8, 1, out) == 1 && std::fwrite(header.data(), 1, header.size(), out) == header.size();
   // Tests: TRAINER_FAULT_INJECT=disk-full makes the write fail half way, as a full disk would.
   const char* fault = std::getenv("TRAINER_FAULT_INJECT");
   const bool disk_full = fault && std::string(fault) == "disk-full";

@@ -47,9 +47,10 @@ std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view text, si
     for (const Json& d : *shape) {
       const int64_t size = json_is_int64(d) ? d.get<int64_t>() : -1;
       if (size < 0 || size > kMax || (size > 0 && numel > kMax / size)) {
-        throw InputError(fmt::format("{}: tensor '{}': shape must hold non-negative integers with a product up to "
-                                     "2^50",
-                                     path, name));
+        throw InputError(
+            fmt::format("{}: tensor '{}': shape must hold non-negative integers with a product up to "
+                        "2^50",
+                        path, name));
       }
       numel *= size;
       e.shape.push_back(size);

@@ -170,4 +170,5 @@ class GlooComm final : public Comm {
 
 }  // namespace
 
-TRAINER_DEFINE_PLUGIN(Comm, GlooComm, "gloo", "0.1.0", "CPU collectives through c10d's Gloo process group", ::trainer::kNoKeys)
+TRAINER_DEFINE_PLUGIN(Comm, GlooComm, "gloo", "0.1.0", "CPU collectives through c10d's Gloo process group",
+                      ::trainer::kNoKeys)

@@ -40,7 +40,8 @@ class ConsoleLogger final : public Logger {
     const std::string memory =
         r.memory_reserved_bytes >= 0
             ? fmt::format(" | mem {:.1f}/{:.1f} GiB", r.memory_allocated_bytes / kGiB, r.memory_reserved_bytes / kGiB)
-            : r.rss_bytes >= 0 ? fmt::format(" | rss {:.2f} GiB", r.rss_bytes / kGiB) : "";
+        : r.rss_bytes >= 0 ? fmt::format(" | rss {:.2f} GiB", r.rss_bytes / kGiB)
+                           : "";
     fmt::print("step {}/{} | loss {:.4f} | lr {:.2e} | grad {:.3f} | {:.1f}k tok/s{}{} | ETA {}{}\n", r.step,
                total_steps_, r.loss, r.lr, r.grad_norm, tokens_per_second / 1000.0, mfu, memory, clock_text(eta),
                r.skipped ? " | skipped" : "");

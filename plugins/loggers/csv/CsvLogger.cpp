@@ -47,8 +47,10 @@ class CsvLogger final : public Logger {
     std::string row;
     for (const MetricField& f : metric_fields(r)) {
       if (!row.empty()) row += ",";
-      if (f.kind == MetricField::Kind::Real) row += fmt::format("{:.17g}", f.value);
-      else if (std::isfinite(f.value)) row += fmt::format("{:.0f}", f.value);  // unknown: empty
+      if (f.kind == MetricField::Kind::Real)
+        row += fmt::format("{:.17g}", f.value);
+      else if (std::isfinite(f.value))
+        row += fmt::format("{:.0f}", f.value);  // unknown: empty
     }
     file_.write(row + "\n");
   }

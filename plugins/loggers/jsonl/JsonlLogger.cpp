@@ -8,9 +8,9 @@
 
 #include <fmt/format.h>
 
-#include "trainer/util/JsonSupport.h"
 #include "trainer/Log.h"
 #include "trainer/Logger.h"
+#include "trainer/util/JsonSupport.h"
 #include "trainer/util/StepFile.h"
 
 namespace {
@@ -46,10 +46,14 @@ class JsonlLogger final : public Logger {
     Json record;
     for (const MetricField& f : metric_fields(r)) {
       Json& value = record[f.name];
-      if (!std::isfinite(f.value)) value = nullptr;
-      else if (f.kind == MetricField::Kind::Bool) value = f.value != 0;
-      else if (f.kind == MetricField::Kind::Integer) value = static_cast<int64_t>(f.value);
-      else value = f.value;
+      if (!std::isfinite(f.value))
+        value = nullptr;
+      else if (f.kind == MetricField::Kind::Bool)
+        value = f.value != 0;
+      else if (f.kind == MetricField::Kind::Integer)
+        value = static_cast<int64_t>(f.value);
+      else
+        value = f.value;
     }
     file_.write(record.dump() + "\n");
   }

@@ -21,8 +21,8 @@
 #include <filesystem>
 #include <string>
 
-#include <boost/crc.hpp>
 #include <fmt/format.h>
+#include <boost/crc.hpp>
 
 #include "trainer/Logger.h"
 #include "trainer/util/StepFile.h"
@@ -162,4 +162,5 @@ constexpr KeySpec kKeys[] = {
 
 }  // namespace
 
-TRAINER_DEFINE_PLUGIN(Logger, TensorBoardLogger, "tensorboard", "0.1.0", "TensorBoard event files (scalars per step)", kKeys)
+TRAINER_DEFINE_PLUGIN(Logger, TensorBoardLogger, "tensorboard", "0.1.0", "TensorBoard event files (scalars per step)",
+                      kKeys)

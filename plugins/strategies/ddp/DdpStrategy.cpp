@@ -10,10 +10,10 @@
 // start at the boundary. The sums are the same either way.
 #include <cmath>
 
-#include "trainer/sharding/FlatParameters.h"
-#include "trainer/sharding/GradientBuckets.h"
 #include "trainer/Strategy.h"
 #include "trainer/sharding/AdamW.h"
+#include "trainer/sharding/FlatParameters.h"
+#include "trainer/sharding/GradientBuckets.h"
 
 namespace {
 
@@ -157,4 +157,5 @@ constexpr KeySpec kKeys[] = {
 
 }  // namespace
 
-TRAINER_DEFINE_PLUGIN(Strategy, DdpStrategy, "ddp", "0.1.0", "data parallel: full gradients all-reduced in buckets", kKeys)
+TRAINER_DEFINE_PLUGIN(Strategy, DdpStrategy, "ddp", "0.1.0", "data parallel: full gradients all-reduced in buckets",
+                      kKeys)

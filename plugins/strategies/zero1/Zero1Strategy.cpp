@@ -59,4 +59,5 @@ constexpr KeySpec kKeys[] = {
 
 }  // namespace
 
-TRAINER_DEFINE_PLUGIN(Strategy, Zero1Strategy, "zero1", "0.1.0", "ZeRO stage 1: AdamW state sharded across ranks", kKeys)
+TRAINER_DEFINE_PLUGIN(Strategy, Zero1Strategy, "zero1", "0.1.0", "ZeRO stage 1: AdamW state sharded across ranks",
+                      kKeys)

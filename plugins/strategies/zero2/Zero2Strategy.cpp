@@ -78,4 +78,5 @@ constexpr KeySpec kKeys[] = {
 
 }  // namespace
 
-TRAINER_DEFINE_PLUGIN(Strategy, Zero2Strategy, "zero2", "0.1.0", "ZeRO stage 2: gradients and AdamW state sharded", kKeys)
+TRAINER_DEFINE_PLUGIN(Strategy, Zero2Strategy, "zero2", "0.1.0", "ZeRO stage 2: gradients and AdamW state sharded",
+                      kKeys)

@@ -69,10 +69,10 @@ struct Piece {  // a rank's part of a unit's range, in group offsets
 struct UnitRange {
   size_t group = 0;
   int64_t begin = 0, end = 0;
-  std::vector<Piece> pieces;  // per rank
-  int64_t longest = 0;        // collectives pad every piece to this
-  torch::Tensor values;       // gathered parameters (storage released when not gathered)
-  torch::Tensor grads;        // gradient buffer while the unit runs backward
+  std::vector<Piece> pieces;     // per rank
+  int64_t longest = 0;           // collectives pad every piece to this
+  torch::Tensor values;          // gathered parameters (storage released when not gathered)
+  torch::Tensor grads;           // gradient buffer while the unit runs backward
   torch::Tensor send, received;  // an all-gather in flight: this rank's piece and every rank's
   std::unique_ptr<CommWork> gathering;
 };
@@ -91,10 +91,10 @@ struct Unit {
   std::vector<UnitRange> ranges;
   std::vector<torch::Tensor> params;
   std::vector<std::pair<size_t, int64_t>> param_at;  // per param: (range, offset in the range)
-  size_t ready = 0;       // parameters whose gradient arrived in this backward
-  bool gathered = false;  // values hold the parameters, or will once the gathers in flight arrive
+  size_t ready = 0;                                  // parameters whose gradient arrived in this backward
+  bool gathered = false;   // values hold the parameters, or will once the gathers in flight arrive
   bool in_flight = false;  // gathers in flight (prefetched)
-  bool entered = false;   // entered in the current forward
+  bool entered = false;    // entered in the current forward
   bool in_backward = false;
 };
 
@@ -117,7 +117,7 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
       // The shard's fp32 master values live only here: the full buffer goes.
       const Shard shard = shard_of(group.padded_numel, shard_comm().rank(), shard_comm().world_size());
       optimizer().add_group(shard, unpadded(group, shard), group.decay,
-                           group.values.narrow(0, shard.offset, shard.numel).clone());
+                            group.values.narrow(0, shard.offset, shard.numel).clone());
     }
     build_units(params, declared, layout);
     // The full flat buffers go out of scope here; parameters now view the
@@ -130,7 +130,6 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
   ~Zero3Strategy() override {
     if (model_) model_->set_unit_hooks(nullptr);
   }
-
 
   LossSum forward(Model& model, const Batch& batch) override {
     for (Unit& unit : units_) unit.entered = false;
@@ -216,8 +215,8 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
           r.end = slot->offset;
         }
         if (slot->offset != r.end) {
-          throw InputError(fmt::format("zero3: unit '{}' is not contiguous in the parameter layout at '{}'", d.name,
-                                       slot->name));
+          throw InputError(
+              fmt::format("zero3: unit '{}' is not contiguous in the parameter layout at '{}'", d.name, slot->name));
         }
         r.end += slot->numel;
         unit.params.push_back(params[index].tensor);
@@ -240,7 +239,8 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
           UnitRange& r = unit.ranges[k];
           if (r.group != g) continue;
           r.values.narrow(0, slot->offset - r.begin, slot->numel).copy_(slot->param.reshape(-1));
-          params[index].tensor.set_data(r.values.narrow(0, slot->offset - r.begin, slot->numel).view(slot->param.sizes()));
+          params[index].tensor.set_data(
+              r.values.narrow(0, slot->offset - r.begin, slot->numel).view(slot->param.sizes()));
           unit.param_at.emplace_back(k, slot->offset - r.begin);
         }
         unit_of_[params[index].tensor.unsafeGetTensorImpl()] = units_.size();
@@ -338,7 +338,8 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
     const size_t index = static_cast<size_t>(&unit - units_.data());
     for (size_t k = 1; k <= static_cast<size_t>(prefetch_) && k <= index; ++k) start_gather(units_[index - k]);
     // fp32 whatever the compute dtype: autograd widens bf16 gradients exactly as it adds them.
-    for (UnitRange& r : unit.ranges) r.grads = torch::zeros(r.values.sizes(), r.values.options().dtype(torch::kFloat32));
+    for (UnitRange& r : unit.ranges)
+      r.grads = torch::zeros(r.values.sizes(), r.values.options().dtype(torch::kFloat32));
     for (size_t i = 0; i < unit.params.size(); ++i) {
       const auto& [range, offset] = unit.param_at[i];
       torch::Tensor& param = unit.params[i];
@@ -434,4 +435,5 @@ constexpr KeySpec kKeys[] = {
 
 }  // namespace
 
-TRAINER_DEFINE_PLUGIN(Strategy, Zero3Strategy, "zero3", "0.1.0", "ZeRO stage 3: parameters, gradients and AdamW state sharded", kKeys)
+TRAINER_DEFINE_PLUGIN(Strategy, Zero3Strategy, "zero3", "0.1.0",
+                      "ZeRO stage 3: parameters, gradients and AdamW state sharded", kKeys)

@@ -38,9 +38,8 @@ struct ParameterGroup {
 /// reference uses fp64). With a narrower `compute_dtype` (bf16) the
 /// parameters become views of a separate `compute` buffer instead, which
 /// sync_compute() refreshes from `values` after each update.
-std::vector<ParameterGroup> flatten_parameters(const std::vector<NamedParameter>& params,
-                                               torch::Device device, int64_t pad_to,
-                                               torch::Dtype dtype = torch::kFloat32,
+std::vector<ParameterGroup> flatten_parameters(const std::vector<NamedParameter>& params, torch::Device device,
+                                               int64_t pad_to, torch::Dtype dtype = torch::kFloat32,
                                                c10::optional<torch::Dtype> compute_dtype = c10::nullopt);
 
 /// True when the parameters compute in another dtype than the master copy.

@@ -14,12 +14,12 @@
 
 #include <torch/types.h>
 
-#include "trainer/sharding/AdamW.h"
 #include "trainer/Comm.h"
-#include "trainer/sharding/FlatParameters.h"
-#include "trainer/sharding/ShardGroups.h"
 #include "trainer/Options.h"
 #include "trainer/Strategy.h"
+#include "trainer/sharding/AdamW.h"
+#include "trainer/sharding/FlatParameters.h"
+#include "trainer/sharding/ShardGroups.h"
 
 namespace trainer {
 

@@ -28,8 +28,7 @@ using StepOfLine = std::function<std::optional<int64_t>(const std::string& line)
 /// steps are dropped, so every step appears once. A missing file is left
 /// alone. Throws InputError naming the file when the rewrite cannot be
 /// written; `path` then stays as it was.
-void keep_steps_until(const std::string& path, int64_t last_step, const std::string& prefix,
-                      const StepOfLine& step_of);
+void keep_steps_until(const std::string& path, int64_t last_step, const std::string& prefix, const StepOfLine& step_of);
 
 /// One logger's file. Not thread-safe: loggers are called from the
 /// training thread only.
