@@ -18,7 +18,6 @@ namespace trainer::manifest {
 
 namespace fs = std::filesystem;
 
-
 Range canonical_chunk(size_t group, int64_t n, int rank, int world) {
   const int64_t c = (n + world - 1) / world;
   return Range{group, std::min(n, rank * c), std::min(n, (rank + 1) * c)};

@@ -10,7 +10,6 @@
 
 namespace trainer {
 
-
 c10::intrusive_ptr<c10d::Store> join_store(const WorldInfo& world, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(world.master_port);

@@ -46,7 +46,8 @@ uint64_t file_fnv1a(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
   uint64_t hash = kFnv1aOffset;
   char buffer[1 << 16];
-  while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) hash = fnv1a(buffer, static_cast<size_t>(in.gcount()), hash);
+  while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0)
+    hash = fnv1a(buffer, static_cast<size_t>(in.gcount()), hash);
   return hash;
 }
 

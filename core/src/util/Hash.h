@@ -39,5 +39,4 @@ std::string pieces_xxh3(const std::vector<std::string_view>& pieces);
 /// Format 1's per-file checksum (FNV-1a, 64 bits).
 uint64_t file_fnv1a(const std::filesystem::path& file);
 
-
 }  // namespace trainer
