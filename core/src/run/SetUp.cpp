@@ -53,13 +53,8 @@ std::unique_ptr<Comm> connect_comm(const Recipe& recipe, const RunConfig& config
 RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& registry, const WorldInfo& world,
                 std::optional<RunLock>& lock) {
   RunParts run;
-  Context& context = run.context;
-  context.output_dir = config.output_dir;
-  context.device = config.device;
-  context.seed = config.seed;
-  context.rank = world.rank;
-  context.world_size = world.world_size;
-  context.local_rank = world.local_rank;
+  run.context = Context{config.output_dir, config.device, config.seed, world.rank, world.world_size, world.local_rank};
+  const Context& context = run.context;
   log::set_rank(world.rank, world.world_size);
   // Local ranks share the machine's cores instead of each taking all of them.
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
