@@ -1,5 +1,6 @@
 // The command line: exit codes (0 ok, 2 bad input, 1 training failure), the
-// run's outputs, and every recipe in configs/ running.
+// run's outputs, and every recipe in configs/ running. One file: its tests
+// drive the one binary through the same recipe helpers below.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

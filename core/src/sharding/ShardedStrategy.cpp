@@ -3,6 +3,10 @@
 
 #include <utility>
 
+#include <fmt/format.h>
+
+#include "trainer/Errors.h"
+
 namespace trainer {
 
 ShardedStrategy::ShardedStrategy(const Options& options, std::string name)
@@ -27,6 +31,15 @@ void ShardedStrategy::keep_full_gradients() {
     full_gradients_.push_back(torch::zeros_like(group.values));
     bind_gradients(group, full_gradients_.back());
   }
+}
+
+void ShardedStrategy::backward(const torch::Tensor& loss, const MicroStep&) {
+  if (full_gradients_.empty()) {
+    throw TrainingError(fmt::format(
+        "strategy '{}' keeps no full gradients (ShardedStrategy::keep_full_gradients), so its backward must be its own",
+        name_));
+  }
+  loss.backward();
 }
 
 double ShardedStrategy::reduce_gradients_and_norm() {

@@ -30,8 +30,6 @@ class Zero1Strategy final : public ShardedStrategy {
     keep_full_gradients();
   }
 
-  void backward(const torch::Tensor& loss, const MicroStep&) override { loss.backward(); }
-
   double reduce_gradients_and_norm() override {
     torch::NoGradGuard no_grad;
     const std::vector<torch::Tensor>& grads = full_gradients();

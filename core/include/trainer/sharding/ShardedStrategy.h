@@ -22,6 +22,11 @@ namespace trainer {
 
 class ShardedStrategy : public Strategy {
  public:
+  /// For stages that keep full gradients (keep_full_gradients): autograd
+  /// adds the micro-step's gradient into them, never overwriting. A stage
+  /// with a gradient path of its own overrides it; without full gradients
+  /// this throws TrainingError naming the stage, never trains silently.
+  void backward(const torch::Tensor& loss, const MicroStep& micro) override;
   /// Waits for the sums over replica groups started during backward, then
   /// returns the norm of the whole gradient (stages whose reductions end
   /// within backward: zero2, zero3). Collective.

@@ -31,10 +31,8 @@ class @CLASS@ final : public ShardedStrategy {
     keep_full_gradients();
   }
 
-  void backward(const torch::Tensor& loss, const MicroStep&) override { loss.backward(); }
-
+  // The gradient buffers take no part in autograd: no NoGradGuard needed here.
   double reduce_gradients_and_norm() override {
-    torch::NoGradGuard no_grad;
     for (size_t g = 0; g < full_gradients().size(); ++g) {
       torch::Tensor& grads = full_gradients()[g];
       torch::Tensor summed = reduce_dtype() == torch::kFloat32 ? grads : grads.to(reduce_dtype());
