@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 
 #include "run/DeviceStats.h"
-#include "run/TrainingLoop.h"
 
 namespace trainer {
 
@@ -15,6 +14,11 @@ namespace fs = std::filesystem;
 
 std::chrono::milliseconds CommSettings::timeout() const {
   return std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+}
+
+std::string output_dir_of(const Recipe& recipe) {
+  const std::string& dir = recipe.run.text("output_dir");
+  return dir.empty() ? (fs::path("runs") / recipe.run.text("name")).string() : dir;
 }
 
 CommSettings comm_settings(const Recipe& recipe) {

@@ -64,6 +64,9 @@ struct RunConfig {
   std::string fingerprint;
 };
 
+/// The run's output directory: run.output_dir, or runs/<run.name>.
+std::string output_dir_of(const Recipe& recipe);
+
 /// The recipe's [distributed] table.
 CommSettings comm_settings(const Recipe& recipe);
 

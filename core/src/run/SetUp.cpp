@@ -55,6 +55,7 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
   RunParts run;
   run.context = Context{config.output_dir, config.device, config.seed, world.rank, world.world_size, world.local_rank};
   const Context& context = run.context;
+  run.config = &config;
   log::set_rank(world.rank, world.world_size);
   // Local ranks share the machine's cores instead of each taking all of them.
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
@@ -81,19 +82,17 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
   }
   for (const NamedParameter& p : run.model->parameters()) run.parameter_count += p.tensor.numel();
 
-  run.compute_dtype = config.compute_dtype;
-  run.strategy->setup(*run.model, *run.comm, StrategyEnv{run.device, config.update.adamw, run.compute_dtype});
+  run.strategy->setup(*run.model, *run.comm, StrategyEnv{run.device, config.update.adamw, config.compute_dtype});
   check_state_coverage(*run.strategy, *run.model, *run.comm, run.device, run.strategy_name);
 
   const MemoryReport memory = run.strategy->memory();
   log::info(fmt::format("rank {} holds {} parameter, {} gradient and {} optimizer-state bytes", world.rank,
                         memory.parameter_bytes, memory.gradient_bytes, memory.optimizer_bytes));
-  run.shape = config.shape;
   // After the strategy's setup: its hooks and bound buffers are in place, and
   // these hooks only read the gradients passing through.
   if (run.reproducible) {
-    run.atom = config.reproducible_atom;
-    run.exact = std::make_unique<ExactGradients>(*run.model, run.shape.global_batch_size() / run.atom, run.device);
+    run.exact = std::make_unique<ExactGradients>(
+        *run.model, config.shape.global_batch_size() / config.reproducible_atom, run.device);
   }
   return run;
 }
@@ -102,20 +101,20 @@ RunInfo describe_run(const RunConfig& config, const RunParts& run) {
   RunInfo info;
   info.name = config.name;
   info.total_steps = config.steps;
-  info.global_batch_size = run.shape.global_batch_size();
-  info.micro_batch_size = run.shape.micro_batch_size;
-  info.grad_accum_steps = run.shape.grad_accum_steps;
-  info.world_size = run.shape.world_size;
+  info.global_batch_size = config.shape.global_batch_size();
+  info.micro_batch_size = config.shape.micro_batch_size;
+  info.grad_accum_steps = config.shape.grad_accum_steps;
+  info.world_size = config.shape.world_size;
   info.strategy = run.strategy_name;
   info.parameters = run.parameter_count;
   info.flops_per_token = run.model->flops_per_token(run.dataset->seq_len());
   info.peak_flops = config.peak_tflops * 1e12;
   if (info.peak_flops == 0.0 && run.device.is_cuda()) {
-    info.peak_flops = measure_matmul_flops(run.device, run.compute_dtype);
+    info.peak_flops = measure_matmul_flops(run.device, config.compute_dtype);
     log::info(
         fmt::format("measured {} matmul rate: {:.0f} TFLOP/s per rank (MFU is relative to it; "
                     "run.peak_tflops sets it instead)",
-                    run.compute_dtype == torch::kBFloat16 ? "bf16" : "fp32", info.peak_flops / 1e12));
+                    config.compute_dtype == torch::kBFloat16 ? "bf16" : "fp32", info.peak_flops / 1e12));
   }
   return info;
 }

@@ -27,17 +27,15 @@ namespace trainer {
 struct RunParts {
   Context context;
   torch::Device device = torch::kCPU;
-  bool writer = false;  // only rank 0 writes files and metrics
-  torch::Dtype compute_dtype = torch::kFloat32;
+  bool writer = false;                // only rank 0 writes files and metrics
+  const RunConfig* config = nullptr;  // the run's settings; the caller's, outliving the parts
   std::unique_ptr<Comm> comm;
   std::unique_ptr<Model> model;
   std::unique_ptr<Dataset> dataset;
   std::unique_ptr<Strategy> strategy;
   std::string dataset_name, model_name, strategy_name;
   int64_t parameter_count = 0;
-  BatchShape shape;
   // Reproducible mode only; declared last, so the hooks go before the model.
-  int64_t atom = 1;              // samples per forward and backward
   bool gradient_probed = false;  // install_gradient's check for copies ran
   std::unique_ptr<ReproducibleSettings> reproducible;
   std::unique_ptr<ExactGradients> exact;

@@ -84,30 +84,21 @@ class LoggerSet {
   std::vector<std::unique_ptr<Logger>> loggers_;
 };
 
-}  // namespace
-
-std::string output_dir_of(const Recipe& recipe) {
-  const std::string& dir = recipe.run.text("output_dir");
-  return dir.empty() ? (fs::path("runs") / recipe.run.text("name")).string() : dir;
-}
-
-namespace {
-
 // This rank's part of the window: the split's micro-batches, or in
-// reproducible mode one micro-batch per atom (run.atom consecutive samples
+// reproducible mode one micro-batch per atom (run.config->reproducible_atom consecutive samples
 // of the global batch, starting at a multiple of the atom), so that each
 // atom's forward and backward has the same inputs and shapes, and so the
 // same bits, whichever micro-batch or rank it lands in.
 std::vector<MicroBatch> collate_window(RunParts& run, const std::vector<int64_t>& global) {
   std::vector<MicroBatch> window;
-  for (int64_t m = 0; m < run.shape.grad_accum_steps; ++m) {
-    const std::vector<int64_t> indices = local_micro_batch(global, run.shape, run.comm->rank(), m);
+  for (int64_t m = 0; m < run.config->shape.grad_accum_steps; ++m) {
+    const std::vector<int64_t> indices = local_micro_batch(global, run.config->shape, run.comm->rank(), m);
     if (!run.exact) {
       window.push_back(collate(*run.dataset, run.dataset_name, indices, run.device));
       continue;
     }
-    for (size_t first = 0; first < indices.size(); first += static_cast<size_t>(run.atom)) {
-      const std::vector<int64_t> atom(indices.begin() + first, indices.begin() + first + run.atom);
+    for (size_t first = 0; first < indices.size(); first += static_cast<size_t>(run.config->reproducible_atom)) {
+      const std::vector<int64_t> atom(indices.begin() + first, indices.begin() + first + run.config->reproducible_atom);
       window.push_back(collate(*run.dataset, run.dataset_name, atom, run.device));
     }
   }
@@ -149,7 +140,7 @@ void reproducible_reduction(RunParts& run, const std::vector<MicroBatch>& atoms,
   ExactGradients& exact = *run.exact;
   const int64_t count = static_cast<int64_t>(atoms.size());
   const int64_t first = comm.rank() * count;  // rank r trains the global atoms [r count, (r + 1) count)
-  torch::Tensor losses = torch::zeros({run.shape.global_batch_size() / run.atom},
+  torch::Tensor losses = torch::zeros({run.config->shape.global_batch_size() / run.config->reproducible_atom},
                                       torch::TensorOptions().dtype(torch::kFloat64).device(run.device));
   const int passes = run_exact_passes(exact, strategy, comm, count, [&](int64_t k) {
     const LossSum out = checked_forward(run, atoms[k]);
@@ -179,7 +170,7 @@ StepOutcome optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const Upd
                            int64_t& applied_updates) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
-  const BatchShape& shape = run.shape;
+  const BatchShape& shape = run.config->shape;
   Comm& comm = *run.comm;
   const std::vector<MicroBatch> micro_batches =
       collate_window(run, sampler.global_batch(step, shape.global_batch_size()));

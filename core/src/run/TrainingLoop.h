@@ -25,7 +25,4 @@ class Preempted : public std::runtime_error {
 };
 inline constexpr int kExitPreempted = 75;  // EX_TEMPFAIL: try again (resume)
 
-/// The run's output directory: run.output_dir, or runs/<run.name>.
-std::string output_dir_of(const Recipe& recipe);
-
 }  // namespace trainer

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "plugin/PluginRegistry.h"
-#include "run/TrainingLoop.h"
+#include "run/RunConfig.h"
 #include "trainer/Errors.h"
 #include "trainer/Model.h"
 #include "trainer/util/JsonSupport.h"
