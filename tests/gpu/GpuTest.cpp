@@ -137,6 +137,66 @@ TEST(NcclComm, AHungCollectiveInASubGroupNamesIt) {
   comm.reset();
 }
 
+// barrier() is a host barrier: with the collective held back (a peer that
+// never comes), it does not return until the watchdog aborted, and then it
+// throws. A barrier that only ordered the stream would return at once.
+TEST(NcclComm, BarrierBlocksTheHostUntilEveryRankArrives) {
+  REQUIRE_CUDA();
+  setenv("TRAINER_FAULT_INJECT", "nccl-hang", 1);
+  std::unique_ptr<Comm> comm = nccl_at_one_rank(std::chrono::seconds(1));
+  unsetenv("TRAINER_FAULT_INJECT");
+  const auto start = std::chrono::steady_clock::now();
+  std::string what;
+  try {
+    comm->barrier();
+  } catch (const TrainingError& error) {
+    what = error.what();
+  }
+  const auto held = std::chrono::steady_clock::now() - start;
+  EXPECT_NE(what.find("nccl all-reduce on rank 0 did not finish within 1 s"), std::string::npos)
+      << "barrier returned without the peer: '" << what << "'";
+  EXPECT_GE(held, std::chrono::milliseconds(900)) << "barrier returned before the timeout";
+  torch::cuda::synchronize();
+  comm.reset();
+}
+
+// Once one communicator of the process is aborted, every other one is: the
+// parent of a hung sub-group fails its next collective naming the cause, and
+// both are torn down without ncclCommDestroy (which would wait for a dead
+// peer).
+TEST(NcclComm, AnAbortAbortsEveryCommunicatorOfTheProcess) {
+  REQUIRE_CUDA();
+  std::unique_ptr<Comm> comm = nccl_at_one_rank(std::chrono::seconds(1));
+  setenv("TRAINER_FAULT_INJECT", "nccl-hang", 1);
+  std::unique_ptr<Comm> group = comm->split(0, 0);
+  unsetenv("TRAINER_FAULT_INJECT");
+  std::chrono::steady_clock::duration waited{};
+  EXPECT_FALSE(failure_after_a_hang(*group, &waited).empty());
+  std::string what;
+  try {
+    comm->barrier();
+  } catch (const TrainingError& error) {
+    what = error.what();
+  }
+  EXPECT_NE(what.find("aborted because another communicator of this process was"), std::string::npos)
+      << "the parent went on: '" << what << "'";
+  torch::cuda::synchronize();
+  group.reset();
+  comm.reset();
+}
+
+// One GPU per task (Slurm's --gpus-per-task=1, or CUDA_VISIBLE_DEVICES of
+// one device): local rank 1 sees one device and trains on it as device 0.
+TEST(GpuTraining, OneVisibleGpuPerTaskIsAccepted) {
+  REQUIRE_CUDA();
+  const std::string dir = scratch_dir("OneGpuPerTask");
+  const auto result = run_command("CUDA_VISIBLE_DEVICES=0 RANK=0 WORLD_SIZE=1 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 " +
+                                  std::string(TRAINER_BINARY) + " run " + kQuickstart +
+                                  " --set run.device=cuda --set training.steps=2 --set run.output_dir=" + dir);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(read_metrics(dir + "/metrics.jsonl").size(), 2u) << result.output;
+}
+
 std::vector<double> losses(const std::string& name, const std::string& overrides) {
   const std::string dir = scratch_dir(name);
   const auto result = trainer("run " + source_path("configs/quickstart.toml") + " --set run.output_dir=" + dir +

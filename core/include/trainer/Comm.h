@@ -14,8 +14,9 @@
 namespace trainer {
 
 /// A collective in flight. wait() blocks until the result is in the output
-/// tensor (on CUDA: until it is ordered before later work on the current
-/// stream) and throws TrainingError if it failed or timed out.
+/// tensor (on CUDA: until it is ordered before later work on the stream that
+/// was current on the tensors' device when the collective started) and
+/// throws TrainingError if it failed or timed out.
 class CommWork {
  public:
   virtual ~CommWork();
@@ -56,6 +57,11 @@ class Comm : public Component {
   /// In place on `root`: tensor = sum over ranks of tensor. What the other
   /// ranks' tensor holds afterwards is unspecified.
   virtual std::unique_ptr<CommWork> reduce_sum_async(torch::Tensor tensor, int root) = 0;
+  /// A host barrier: returns on each rank only once every rank has called
+  /// it, whatever the device (a backend whose collectives complete on a
+  /// stream waits for that on the host here). Checkpoints and the final
+  /// write use it to order file-system work across ranks. Throws
+  /// TrainingError when a peer does not arrive within the timeout.
   virtual void barrier() = 0;
 
   /// Sub-groups. Collective over this group: every rank calls it, with a

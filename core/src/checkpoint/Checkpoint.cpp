@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -19,6 +20,7 @@
 #include "trainer/Log.h"
 #include "trainer/util/JsonSupport.h"
 #include "trainer/util/Safetensors.h"
+#include "util/FaultInjection.h"
 #include "util/Files.h"
 
 namespace trainer {
@@ -46,13 +48,58 @@ torch::Tensor read_group(const SafetensorsReader& reader, size_t group, const ch
   return held;
 }
 
+// Throws InputError when file `f` of the manifest at `dir` is missing, of
+// another size or checksum.
+void verify_file(const std::string& dir, const Json& manifest, const Json& f) {
+  const fs::path file = fs::path(dir) / "manifest.json";
+  const fs::path shard = fs::path(dir) / member(f, "name", file).get<std::string>();
+  if (!fs::exists(shard)) throw InputError(fmt::format("{}: missing (listed in {})", shard.string(), file.string()));
+  const int64_t bytes = static_cast<int64_t>(fs::file_size(shard));
+  if (bytes != member(f, "bytes", file).get<int64_t>()) {
+    throw InputError(fmt::format("{}: {} bytes, the manifest says {} (truncated?)", shard.string(), bytes,
+                                 member(f, "bytes", file).get<int64_t>()));
+  }
+  const bool old_format = member(manifest, "format", file).get<std::string>() == kFormat1;
+  const char* key = old_format ? "fnv1a" : "xxh3_128";
+  std::string hash = old_format ? fmt::format("{:016x}", file_fnv1a(shard)) : file_xxh3(shard).hex();
+  // Tests: this rank sees the file other than the others do (a stale cache).
+  if (const char* fault = std::getenv("TRAINER_FAULT_INJECT"); fault && std::string(fault) == "stale-view") {
+    if (const char* rank = std::getenv("RANK"); rank && std::string(rank) == "1") hash = "stale";
+  }
+  if (hash != member(f, key, file).get<std::string>()) {
+    throw InputError(fmt::format("{}: checksum {} differs from the manifest's {} (the file is corrupt)", shard.string(),
+                                 hash, member(f, key, file).get<std::string>()));
+  }
+}
+
+// `text` of rank `root`, on every rank: its length, then its bytes, each
+// byte in an int64 (every backend moves int64; texts here are short).
+std::string broadcast_text(Comm& comm, torch::Device device, const std::string& text, int root) {
+  torch::Tensor length = torch::tensor({static_cast<int64_t>(text.size())}, torch::kInt64).to(device);
+  comm.broadcast(length, root);
+  const int64_t n = length.cpu().item<int64_t>();
+  torch::Tensor bytes = torch::zeros({std::max<int64_t>(n, 1)}, torch::kInt64);
+  if (comm.rank() == root) {
+    for (int64_t i = 0; i < n; ++i) bytes[i] = static_cast<int64_t>(static_cast<unsigned char>(text[i]));
+  }
+  bytes = bytes.to(device);
+  comm.broadcast(bytes, root);
+  const torch::Tensor host = bytes.cpu();
+  const int64_t* data = host.data_ptr<int64_t>();
+  std::string out(static_cast<size_t>(n), '\0');
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<char>(data[i]);
+  return out;
+}
+
 }  // namespace
 
-Checkpointer::Checkpointer(std::string root, int64_t keep, std::string fingerprint, std::string strategy_name)
+Checkpointer::Checkpointer(std::string root, int64_t keep, std::string fingerprint, std::string strategy_name,
+                           torch::Device device)
     : root_(std::move(root)),
       keep_(keep),
       fingerprint_(std::move(fingerprint)),
-      strategy_name_(std::move(strategy_name)) {}
+      strategy_name_(std::move(strategy_name)),
+      device_(device) {}
 
 std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, const TrainingPosition& position) {
   const int rank = comm.rank(), world = comm.world_size();
@@ -68,7 +115,7 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
   // that hold it), filled from the state it holds.
   const std::vector<StateSlice> slices = strategy.state_slices();
   const std::vector<int64_t> group_numel = group_sizes(model);  // covered: check_state_coverage at setup
-  const torch::Device device = slices.empty() ? torch::Device(torch::kCPU) : slices.front().values.device();
+  const torch::Device device = device_;                         // also where a rank holding no slice meets the others
   std::vector<Range> problems;
   const std::vector<std::vector<Range>> written =
       assign_writers(held_ranges(slices), comm, device, group_numel, &problems);
@@ -101,6 +148,7 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
   if (const char* fault = std::getenv("TRAINER_FAULT_INJECT"); fault && std::string(fault) == "checkpoint-write") {
     _exit(9);  // tests: die with a checkpoint half written
   }
+  if (rank == 0) inject_slow_write("slow-checkpoint-write");
   const Hash128 hash = file_xxh3(shard);
   const torch::Tensor local = torch::tensor(
       {static_cast<int64_t>(hash.high), static_cast<int64_t>(hash.low), static_cast<int64_t>(fs::file_size(shard))},
@@ -168,26 +216,48 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
 
 void Checkpointer::verify(const std::string& dir) {
   const Json manifest = trainer::manifest::read(dir);
-  const fs::path file = fs::path(dir) / "manifest.json";
-  for (const Json& f : member(manifest, "files", file)) {
-    const fs::path shard = fs::path(dir) / member(f, "name", file).get<std::string>();
-    if (!fs::exists(shard)) throw InputError(fmt::format("{}: missing (listed in {})", shard.string(), file.string()));
-    const int64_t bytes = static_cast<int64_t>(fs::file_size(shard));
-    if (bytes != member(f, "bytes", file).get<int64_t>()) {
-      throw InputError(fmt::format("{}: {} bytes, the manifest says {} (truncated?)", shard.string(), bytes,
-                                   member(f, "bytes", file).get<int64_t>()));
-    }
-    const bool old_format = member(manifest, "format", file).get<std::string>() == kFormat1;
-    const char* key = old_format ? "fnv1a" : "xxh3_128";
-    const std::string hash = old_format ? fmt::format("{:016x}", file_fnv1a(shard)) : file_xxh3(shard).hex();
-    if (hash != member(f, key, file).get<std::string>()) {
-      throw InputError(fmt::format("{}: checksum {} differs from the manifest's {} (the file is corrupt)",
-                                   shard.string(), hash, member(f, key, file).get<std::string>()));
-    }
-  }
+  for (const Json& f : member(manifest, "files", fs::path(dir) / "manifest.json")) verify_file(dir, manifest, f);
 }
 
-std::string Checkpointer::resolve(const std::string& resume) const {
+std::string Checkpointer::resolve(const std::string& resume, Comm& comm, int64_t* step) const {
+  // Rank 0's answer: "ok" or "error", then the directory or the message.
+  std::string chosen, status = "ok";
+  std::exception_ptr failure;
+  if (comm.rank() == 0) {
+    try {
+      chosen = resolve_here(resume);
+    } catch (const std::exception& error) {
+      failure = std::current_exception();
+      status = "error";
+      chosen = error.what();
+    }
+  }
+  if (comm.world_size() > 1) {
+    status = broadcast_text(comm, device_, status, 0);
+    chosen = broadcast_text(comm, device_, chosen, 0);
+  }
+  if (failure) std::rethrow_exception(failure);
+  if (status != "ok") {
+    throw InputError(fmt::format("rank 0 could not resolve checkpoint.resume = '{}': {}", resume, chosen));
+  }
+  *step = chosen.empty()
+              ? 0
+              : member(trainer::manifest::read(chosen), "step", fs::path(chosen) / "manifest.json").get<int64_t>();
+  torch::Tensor steps = torch::zeros({comm.world_size()}, torch::kInt64).to(device_);
+  comm.all_gather(torch::tensor({*step}, torch::kInt64).to(device_), steps);
+  const torch::Tensor seen = steps.cpu();
+  for (int r = 0; r < comm.world_size(); ++r) {
+    if (seen[r].item<int64_t>() != seen[0].item<int64_t>()) {
+      throw InputError(
+          fmt::format("{}: rank {} reads step {} in its manifest, rank 0 step {}: the ranks see the "
+                      "checkpoint differently (a file-system cache, or a concurrent writer)",
+                      chosen, r, seen[r].item<int64_t>(), seen[0].item<int64_t>()));
+    }
+  }
+  return chosen;
+}
+
+std::string Checkpointer::resolve_here(const std::string& resume) const {
   if (resume.empty()) return "";
   if (resume != "auto") {
     verify(resume);
@@ -248,9 +318,14 @@ std::vector<torch::Tensor> checkpoint_state(const std::string& dir, const char* 
   return out;
 }
 
-TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm) {
+TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm,
+                                    int64_t expected_step) {
   const Json manifest = trainer::manifest::read(dir);
   const fs::path file = fs::path(dir) / "manifest.json";
+  if (expected_step >= 0 && member(manifest, "step", file).get<int64_t>() != expected_step) {
+    throw InputError(fmt::format("{}: rank {} reads step {}, rank 0 chose step {}", file.string(), comm.rank(),
+                                 member(manifest, "step", file).get<int64_t>(), expected_step));
+  }
   if (member(manifest, "fingerprint", file).get<std::string>() != fingerprint_) {
     throw InputError(
         fmt::format("{}: written by a run with another model, dataset, optimizer or global batch size; "
@@ -267,11 +342,24 @@ TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, 
   if (!same) throw InputError(fmt::format("{}: the model's parameters differ from the checkpoint's", file.string()));
   const int saved_world = static_cast<int>(member(manifest, "world_size", file).get<int64_t>());
   const std::vector<std::vector<Range>> ranges = manifest::file_ranges(manifest, file);
-  std::vector<std::unique_ptr<SafetensorsReader>> readers;
-  for (const Json& f : member(manifest, "files", file)) {
-    readers.push_back(
-        std::make_unique<SafetensorsReader>((fs::path(dir) / member(f, "name", file).get<std::string>()).string()));
-  }
+  // Only the files that hold part of this rank's state are opened, each
+  // checked against the manifest first (rank 0 verified every file, but
+  // this rank may see them otherwise).
+  const Json& files = member(manifest, "files", file);
+  std::vector<std::unique_ptr<SafetensorsReader>> readers(ranges.size());
+  auto reader = [&](size_t r) -> const SafetensorsReader& {
+    if (!readers[r]) {
+      try {
+        verify_file(dir, manifest, files[r]);
+      } catch (const InputError& error) {
+        throw InputError(fmt::format("rank {}: {} (rank 0 verified this checkpoint: the ranks see it differently)",
+                                     comm.rank(), error.what()));
+      }
+      readers[r] = std::make_unique<SafetensorsReader>(
+          (fs::path(dir) / member(files[r], "name", file).get<std::string>()).string());
+    }
+    return *readers[r];
+  };
   torch::NoGradGuard no_grad;
   for (StateSlice& s : strategy.state_slices()) {
     for (int k = 0; k < 3; ++k) {
@@ -282,7 +370,7 @@ TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, 
         for (const Range& range : ranges[r]) {
           int64_t begin = 0, end = 0;
           if (overlap(s, target.numel(), range, &begin, &end)) {
-            if (!held.defined()) held = read_group(*readers[r], s.group, kStateNames[k], ranges[r]);
+            if (!held.defined()) held = read_group(reader(r), s.group, kStateNames[k], ranges[r]);
             target.narrow(0, begin - s.offset, end - begin)
                 .copy_(held.narrow(0, at + begin - range.begin, end - begin));
           }

@@ -31,22 +31,37 @@ class Checkpointer {
  public:
   /// `root`: the directory holding step-NNNNNNNN checkpoints. `fingerprint`
   /// identifies what must not change across a resume (model, data,
-  /// optimizer, global batch); `keep`: newest checkpoints kept.
-  Checkpointer(std::string root, int64_t keep, std::string fingerprint, std::string strategy_name);
+  /// optimizer, global batch); `keep`: newest checkpoints kept; `device`:
+  /// the run's, where the collectives' tensors live (a rank that holds no
+  /// state still takes part in them).
+  Checkpointer(std::string root, int64_t keep, std::string fingerprint, std::string strategy_name,
+               torch::Device device);
 
   /// Collective. Writes into step-N.tmp, fsyncs, renames to step-N, prunes
   /// the oldest beyond `keep`. A crash at any point leaves earlier
   /// checkpoints intact. Returns the checkpoint's directory.
   std::string save(Strategy& strategy, Model& model, Comm& comm, const TrainingPosition& position);
 
-  /// Collective. Loads a verified checkpoint into the strategy.
-  TrainingPosition load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm);
+  /// Collective. Loads a checkpoint into the strategy: each rank opens only
+  /// the files that hold part of its state, and checks their checksums.
+  /// InputError when the manifest's step is not `expected_step` (>= 0; a
+  /// rank that sees another checkpoint than rank 0 chose) or a file differs.
+  TrainingPosition load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm,
+                        int64_t expected_step = -1);
 
-  /// "" -> ""; "auto" -> the newest checkpoint under root that verifies,
-  /// saying which were skipped and why ("" when there is none at all;
-  /// InputError when there are some and none verifies); a path ->
-  /// that path, verified. InputError names a corrupt or foreign file.
-  std::string resolve(const std::string& resume) const;
+  /// Collective. Rank 0 alone resolves `resume` (resolve_here) and verifies
+  /// it; every rank gets its choice, so all resume the same step (a rank's
+  /// own view of the directory, through caches or a concurrent pruner, may
+  /// differ). Returns the directory ("" for a fresh start) and, through
+  /// `step`, the step its manifest names. When rank 0 fails, every rank
+  /// throws: rank 0 its error, the others an InputError naming rank 0.
+  std::string resolve(const std::string& resume, Comm& comm, int64_t* step) const;
+
+  /// This process alone: "" -> ""; "auto" -> the newest checkpoint under
+  /// root that verifies, saying which were skipped and why ("" when there is
+  /// none at all; InputError when there are some and none verifies); a path
+  /// -> that path, verified. InputError names a corrupt or foreign file.
+  std::string resolve_here(const std::string& resume) const;
 
   /// Throws InputError naming the first file whose size or checksum differs
   /// from the manifest, or a manifest that is missing or malformed.
@@ -57,6 +72,7 @@ class Checkpointer {
   int64_t keep_;
   std::string fingerprint_;
   std::string strategy_name_;
+  torch::Device device_;
 };
 
 /// The whole flat groups of `name` ("values", "exp_avg", "exp_avg_sq") of a

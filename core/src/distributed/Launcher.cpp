@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "distributed/Rendezvous.h"
 #include "trainer/Errors.h"
 #include "trainer/Log.h"
 
@@ -25,6 +26,7 @@ namespace trainer {
 namespace {
 
 constexpr const char* kWorkerVariable = "TRAINER_WORKER";
+constexpr int kExitBadInput = 2;  // the CLI's code for an InputError
 
 const char* env(const char* name) {
   const char* value = std::getenv(name);
@@ -58,6 +60,15 @@ std::string how_it_ended(int status) {
 bool failed(int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
 
 }  // namespace
+
+int cuda_device_index(const WorldInfo& world, int visible) {
+  if (visible == 1) return 0;
+  if (world.local_rank < visible) return world.local_rank;
+  throw InputError(
+      fmt::format("local rank {} needs a CUDA device of its own, but this process sees {}: give each local rank "
+                  "one GPU (one visible device per task, or at least as many visible devices as local ranks)",
+                  world.local_rank, visible));
+}
 
 bool started_as_worker() { return env(kWorkerVariable) || env("RANK") || env("SLURM_PROCID"); }
 
@@ -165,7 +176,32 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
   }
 
   using Clock = std::chrono::steady_clock;
+  // Rank 0's final write beats in the store (WriterGate): while the count
+  // moved within the last few beats, no worker is stopped.
+  int64_t last_beat = 0;
+  Clock::time_point last_beat_change{};
+  bool said_waiting = false, writer_was_busy = false;
+  auto writer_busy = [&] {
+    int64_t beat = last_beat;
+    try {
+      beat = store.add(kWriterHeartbeatKey, 0);
+    } catch (const std::exception&) {
+      return false;
+    }
+    if (beat != last_beat) {
+      last_beat = beat;
+      last_beat_change = Clock::now();
+    }
+    const bool busy = last_beat_change != Clock::time_point{} && Clock::now() - last_beat_change < 4 * kHeartbeat &&
+                      !store.check({kWriterOutcomeKey});
+    if (busy && !said_waiting) {
+      log::warn("rank 0 is writing the final outputs; its workers are left to finish");
+      said_waiting = true;
+    }
+    return busy;
+  };
   int running = nproc;
+  int clean_exits = 0;
   int exit_code = 0;
   bool stopping = false;
   Clock::time_point first_exit{};
@@ -185,6 +221,7 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
       if (rank == nproc) continue;
       pids[rank] = -1;
       --running;
+      if (!failed(status)) ++clean_exits;
       if (first_exit == Clock::time_point{}) first_exit = Clock::now();
       // Workers stopped by a forwarded signal exit with their own code (75:
       // checkpoint written); the job reports it.
@@ -195,6 +232,11 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
         stopping = true;
         stop_sent = Clock::now();
         stop_all(SIGTERM);
+      } else if (failed(status) && !g_forwarded) {
+        // A peer's lost connection often ends a rank before the rank whose
+        // bad input caused it is reaped: bad input (exit 2) is the job's.
+        log::error(fmt::format("rank {} {}", rank, how_it_ended(status)));
+        if (WIFEXITED(status) && WEXITSTATUS(status) == kExitBadInput) exit_code = kExitBadInput;
       }
       continue;
     }
@@ -210,7 +252,8 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
       }
     }
     const auto now = Clock::now();
-    if (!stopping && first_exit != Clock::time_point{} && now - first_exit > std::chrono::duration<double>(timeout_s)) {
+    if (!stopping && first_exit != Clock::time_point{} && now - first_exit > std::chrono::duration<double>(timeout_s) &&
+        !writer_busy()) {
       log::error(
           fmt::format("{} worker(s) still running {} s after another finished; stopping them", running, timeout_s));
       exit_code = 1;
@@ -218,8 +261,23 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
       stop_sent = now;
       stop_all(SIGTERM);
     }
-    if (stopping && now - stop_sent > grace) stop_all(SIGKILL);
+    if (stopping && now - stop_sent > grace) {
+      if (writer_busy()) {
+        writer_was_busy = true;
+      } else if (writer_was_busy) {  // the write just ended: a fresh grace to exit
+        writer_was_busy = false;
+        stop_sent = now;
+      } else {
+        stop_all(SIGKILL);
+      }
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // A signal that came while the last outputs were written: every worker
+  // finished the run.
+  if (g_forwarded && clean_exits == nproc) {
+    log::info("every worker finished the run before stopping");
+    exit_code = 0;
   }
   return exit_code;
 }

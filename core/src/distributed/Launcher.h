@@ -25,6 +25,14 @@ struct WorldInfo {
 /// inconsistent or not numbers.
 WorldInfo world_from_environment();
 
+/// The CUDA device index of `world`'s local rank when this process sees
+/// `visible` devices: device 0 when it sees exactly one (a launcher that
+/// binds one GPU per task, as Slurm's --gpus-per-task=1 or a per-rank
+/// CUDA_VISIBLE_DEVICES does: every task sees its own GPU as device 0);
+/// otherwise its local rank, which must be below `visible`. InputError
+/// naming both numbers when no device fits.
+int cuda_device_index(const WorldInfo& world, int visible);
+
 /// True when an external launcher or our own started this process as a worker.
 bool started_as_worker();
 

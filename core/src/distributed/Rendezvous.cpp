@@ -2,13 +2,29 @@
 #include "distributed/Rendezvous.h"
 
 #include <fmt/format.h>
+#include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#ifdef TRAINER_CUDA_KERNELS
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include "trainer/Errors.h"
 #include "util/Hash.h"
 
 namespace trainer {
+
+torch::Device bind_rank_device(bool cuda, const WorldInfo& world) {
+  if (!cuda) return torch::kCPU;
+  if (!torch::cuda::is_available()) throw InputError("run.device = 'cuda': this machine has no CUDA device");
+  const torch::Device device(torch::kCUDA, static_cast<c10::DeviceIndex>(cuda_device_index(
+                                               world, static_cast<int>(torch::cuda::device_count()))));
+#ifdef TRAINER_CUDA_KERNELS
+  c10::cuda::set_device(device.index());
+#endif
+  return device;
+}
 
 c10::intrusive_ptr<c10d::Store> join_store(const WorldInfo& world, std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions options;
@@ -63,7 +79,8 @@ void check_same_recipe(c10d::Store& store, const WorldInfo& world, const std::st
 
 std::unique_ptr<Comm> connect_world(PluginRegistry& registry, const std::string& backend, const WorldInfo& world,
                                     std::chrono::milliseconds timeout, torch::Device device,
-                                    const std::string& fingerprint, bool use_backend_alone) {
+                                    const std::string& fingerprint, bool use_backend_alone,
+                                    c10::intrusive_ptr<c10d::Store>* job_store) {
   if (world.world_size == 1 && !use_backend_alone) return make_single_process_comm();
   c10::intrusive_ptr<c10d::Store> store;
   if (world.world_size == 1) {
@@ -71,6 +88,7 @@ std::unique_ptr<Comm> connect_world(PluginRegistry& registry, const std::string&
   } else {
     store = join_store(world, timeout);
     check_same_recipe(*store, world, fingerprint);
+    if (job_store) *job_store = store;
   }
   Context context;
   context.rank = world.rank;
@@ -79,6 +97,72 @@ std::unique_ptr<Comm> connect_world(PluginRegistry& registry, const std::string&
   auto comm = PluginRegistry::create<Comm>(registry.find(PluginKind::Comm, backend), Options(), context);
   comm->connect(CommSetup{store, world.rank, world.world_size, timeout, device});
   return comm;
+}
+
+WriterGate::WriterGate(c10::intrusive_ptr<c10d::Store> store, int rank, std::chrono::milliseconds timeout)
+    : store_(std::move(store)), rank_(rank), timeout_(timeout) {
+  if (!store_ || rank_ != 0) return;
+  // The thread alone talks to the store while the gate is open.
+  heartbeat_ = std::thread([this] {
+    while (!closing_.load()) {
+      try {
+        store_->add(kWriterHeartbeatKey, 1);
+      } catch (const std::exception&) {
+        return;  // the store's host is gone: nobody is waiting any more
+      }
+      for (auto slept = std::chrono::milliseconds(0); slept < kHeartbeat && !closing_.load();
+           slept += std::chrono::milliseconds(10)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  });
+}
+
+WriterGate::~WriterGate() {
+  if (!closed_) {
+    try {
+      finish("failed");
+    } catch (const std::exception&) {
+      // the store is gone: the others find out through their own timeout
+    }
+  }
+}
+
+void WriterGate::finish(const char* outcome) {
+  closed_ = true;
+  if (!store_ || rank_ != 0) return;
+  closing_.store(true);
+  if (heartbeat_.joinable()) heartbeat_.join();
+  const std::string text = outcome;
+  store_->set(kWriterOutcomeKey, std::vector<uint8_t>(text.begin(), text.end()));
+}
+
+void WriterGate::close() {
+  if (rank_ == 0 || !store_) {
+    finish("done");
+    return;
+  }
+  closed_ = true;
+  using Clock = std::chrono::steady_clock;
+  int64_t last_beat = -1;
+  Clock::time_point last_change = Clock::now();
+  for (;;) {
+    if (store_->check({kWriterOutcomeKey})) {
+      const std::vector<uint8_t> outcome = store_->get(kWriterOutcomeKey);
+      if (std::string(outcome.begin(), outcome.end()) == "done") return;
+      throw TrainingError("rank 0 failed to write the final outputs (see its message)");
+    }
+    const int64_t beat = store_->add(kWriterHeartbeatKey, 0);
+    if (beat != last_beat) {
+      last_beat = beat;
+      last_change = Clock::now();
+    } else if (Clock::now() - last_change > timeout_) {
+      throw TrainingError(fmt::format(
+          "rank 0 stopped answering while writing the final outputs (no heartbeat for {} s, distributed.timeout_s)",
+          timeout_.count() / 1000.0));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 }  // namespace trainer

@@ -68,7 +68,7 @@ std::vector<Split> default_splits(const LoadedPlugin& strategy) {
 
 void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& request, const Split& split,
                             const WorldInfo& world, const std::string& rank_report) {
-  const torch::Device device = request.device == "cuda" ? torch::Device(torch::kCUDA, world.local_rank) : torch::kCPU;
+  const torch::Device device = bind_rank_device(request.device == "cuda", world);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(request.timeout_s * 1000));
   std::unique_ptr<Comm> comm = connect_world(registry, request.backend, world, timeout, device,
                                              request.strategy + "/" + split.text(), request.backend_at_one_rank);

@@ -4,6 +4,7 @@
 #include <torch/types.h>
 
 #ifdef TRAINER_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "Kernels.h"
@@ -27,13 +28,43 @@ inline bool use_kernels(const torch::Tensor& t) {
 #ifdef TRAINER_CUDA_KERNELS
 inline kernels::Dtype kernel_dtype(const torch::Tensor& t) {
   switch (t.scalar_type()) {
-    case torch::kFloat64: return kernels::Dtype::Float64;
-    case torch::kBFloat16: return kernels::Dtype::BFloat16;
-    default: return kernels::Dtype::Float32;
+    case torch::kFloat64:
+      return kernels::Dtype::Float64;
+    case torch::kBFloat16:
+      return kernels::Dtype::BFloat16;
+    default:
+      return kernels::Dtype::Float32;
   }
 }
 
-inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+/// Where one of the project's kernels runs: its tensors' device, made
+/// current for the launch (a no-op when it already is), and that device's
+/// current stream, the one the caller ordered its work on. Every launch takes
+/// its stream from here, never from "the current device": on a rank whose
+/// GPU is not device 0 that would be another GPU's stream. Throws naming the
+/// kernel when a defined tensor is not on the first one's device.
+class KernelLaunch {
+ public:
+  KernelLaunch(const char* kernel, std::initializer_list<torch::Tensor> tensors)
+      : guard_(device_of(kernel, tensors)), stream_(c10::cuda::getCurrentCUDAStream(guard_.current_device().index())) {}
+  cudaStream_t stream() const { return stream_.stream(); }
+
+ private:
+  static torch::Device device_of(const char* kernel, std::initializer_list<torch::Tensor> tensors) {
+    const torch::Device device = tensors.begin()->device();
+    for (const torch::Tensor& t : tensors) {
+      if (t.defined() && t.device() != device) {
+        throw TrainingError(std::string("CUDA kernel ") + kernel + ": a tensor on " + t.device().str() +
+                            " beside one on " + device.str() + "; a kernel's tensors share one device");
+      }
+    }
+    if (!device.is_cuda()) throw std::logic_error(std::string("CUDA kernel ") + kernel + " given CPU tensors");
+    return device;
+  }
+
+  c10::cuda::CUDAGuard guard_;
+  c10::cuda::CUDAStream stream_;
+};
 
 /// Throws naming the kernel when its launch failed.
 inline void check_launch(const char* kernel) {

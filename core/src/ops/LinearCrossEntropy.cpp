@@ -77,10 +77,10 @@ void softmax_rows(const torch::Tensor& logits, const torch::Tensor& targets, con
                   const torch::Tensor& grad) {
 #ifdef TRAINER_CUDA_KERNELS
   const torch::Tensor t = targets.contiguous();
-  kernels::cross_entropy_rows(grad.defined() ? kernel_dtype(grad) : kernels::Dtype::Float32,
-                              logits.data_ptr<float>(), t.data_ptr<int64_t>(), loss.data_ptr<float>(),
-                              grad.defined() ? grad.data_ptr() : nullptr, logits.size(0), logits.size(1),
-                              current_stream());
+  const KernelLaunch launch("cross_entropy_rows", {logits, t, loss, grad});
+  kernels::cross_entropy_rows(grad.defined() ? kernel_dtype(grad) : kernels::Dtype::Float32, logits.data_ptr<float>(),
+                              t.data_ptr<int64_t>(), loss.data_ptr<float>(), grad.defined() ? grad.data_ptr() : nullptr,
+                              logits.size(0), logits.size(1), launch.stream());
   check_launch("cross_entropy_rows");
 #else
   (void)logits, (void)targets, (void)loss, (void)grad;

@@ -10,8 +10,8 @@
 
 namespace trainer::ops {
 
-RotaryTables RotaryTables::make(int64_t seq, int64_t head_dim, double theta, torch::Dtype dtype,
-                                torch::Device device, const RopeScaling& scaling) {
+RotaryTables RotaryTables::make(int64_t seq, int64_t head_dim, double theta, torch::Dtype dtype, torch::Device device,
+                                const RopeScaling& scaling) {
   // Hugging Face computes the tables in fp32; an fp64 reference gets fp64.
   const auto type = dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
   const auto options = torch::TensorOptions().dtype(type).device(device);
@@ -41,7 +41,8 @@ struct Shape {
 Shape shape_of(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads) {
   TORCH_CHECK(qkv.dim() == 3, "split_qkv_rotary: qkv must be [batch, seq, width]");
   const int64_t slots = heads + 2 * kv_heads;
-  TORCH_CHECK(qkv.size(2) % slots == 0, "split_qkv_rotary: width ", qkv.size(2), " is not (heads + 2 kv_heads) x head_dim");
+  TORCH_CHECK(qkv.size(2) % slots == 0, "split_qkv_rotary: width ", qkv.size(2),
+              " is not (heads + 2 kv_heads) x head_dim");
   const Shape s{qkv.size(0), qkv.size(1), qkv.size(2) / slots};
   TORCH_CHECK(s.head_dim % 2 == 0, "split_qkv_rotary: head_dim must be even");
   return s;
@@ -74,10 +75,11 @@ struct QkvRotaryFunction : torch::autograd::Function<QkvRotaryFunction> {
     torch::Tensor q = torch::empty({s.batch, s.seq, heads, s.head_dim}, options);
     torch::Tensor k = torch::empty({s.batch, s.seq, kv_heads, s.head_dim}, options);
     torch::Tensor v = torch::empty({s.batch, s.seq, kv_heads, s.head_dim}, options);
+    const KernelLaunch launch("qkv_rotary_forward", {qkv, q, k, v, cos, sin});
     kernels::qkv_rotary_forward(kernel_dtype(qkv), qkv.data_ptr(), qkv.stride(1), q.data_ptr(), k.data_ptr(),
                                 v.data_ptr(), cos.data_ptr(), sin.data_ptr(), s.batch * s.seq, s.seq,
                                 static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(s.head_dim),
-                                current_stream());
+                                launch.stream());
     check_launch("qkv_rotary_forward");
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["kv_heads"] = kv_heads;
@@ -97,9 +99,10 @@ struct QkvRotaryFunction : torch::autograd::Function<QkvRotaryFunction> {
     };
     const torch::Tensor dq = dense(grads[0], heads), dk = dense(grads[1], kv_heads), dv = dense(grads[2], kv_heads);
     torch::Tensor dqkv = torch::empty({batch, seq, ctx->saved_data["width"].toInt()}, like.options());
+    const KernelLaunch launch("qkv_rotary_backward", {dqkv, dq, dk, dv, cos, sin});
     kernels::qkv_rotary_backward(kernel_dtype(dqkv), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dqkv.data_ptr(),
                                  cos.data_ptr(), sin.data_ptr(), batch * seq, seq, static_cast<int>(heads),
-                                 static_cast<int>(kv_heads), static_cast<int>(head_dim), current_stream());
+                                 static_cast<int>(kv_heads), static_cast<int>(head_dim), launch.stream());
     check_launch("qkv_rotary_backward");
     return {dqkv, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }

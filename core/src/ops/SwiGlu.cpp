@@ -21,8 +21,9 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
     std::vector<int64_t> sizes = gate_up.sizes().vec();
     sizes.back() = width;
     torch::Tensor out = torch::empty(sizes, gate_up.options());
+    const KernelLaunch launch("swiglu_forward", {gate_up, out});
     kernels::swiglu_forward(kernel_dtype(gate_up), gate_up.data_ptr(), out.data_ptr(), gate_up.numel() / (2 * width),
-                            width, current_stream());
+                            width, launch.stream());
     check_launch("swiglu_forward");
     ctx->save_for_backward({gate_up});
     return out;
@@ -33,8 +34,9 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
     const torch::Tensor d_out = grads[0].contiguous();
     const int64_t width = gate_up.size(-1) / 2;
     torch::Tensor d_gate_up = torch::empty_like(gate_up);
+    const KernelLaunch launch("swiglu_backward", {gate_up, d_out, d_gate_up});
     kernels::swiglu_backward(kernel_dtype(gate_up), gate_up.data_ptr(), d_out.data_ptr(), d_gate_up.data_ptr(),
-                             gate_up.numel() / (2 * width), width, current_stream());
+                             gate_up.numel() / (2 * width), width, launch.stream());
     check_launch("swiglu_backward");
     return {d_gate_up};
   }

@@ -66,10 +66,11 @@ void ExactGradients::add(size_t parameter, const torch::Tensor& gradient) {
 #ifdef TRAINER_CUDA_KERNELS
   if (ops::use_kernels(gradient)) {
     const torch::Tensor g = gradient.detach().contiguous();
+    const ops::KernelLaunch launch("fixed_point_add", {g, accumulator_, largest_});
     ops::kernels::fixed_point_add(ops::kernel_dtype(g), g.data_ptr(),
                                   accumulator_.data_ptr<int64_t>() + offsets_[parameter], g.numel(),
                                   exponent == kUnknown ? 1.0 : std::ldexp(1.0, static_cast<int>(exponent)), limit,
-                                  exponent != kUnknown, largest_.data_ptr<double>() + parameter, ops::current_stream());
+                                  exponent != kUnknown, largest_.data_ptr<double>() + parameter, launch.stream());
     ops::check_launch("fixed_point_add");
     return;
   }

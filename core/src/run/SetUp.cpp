@@ -22,30 +22,30 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Before anything else touches CUDA: this rank's GPU becomes current.
 torch::Device device_of(const Recipe& recipe, const RunConfig& config, const WorldInfo& world) {
-  if (config.device == "cuda") {
-    if (!torch::cuda::is_available()) recipe.run.fail("device", "'cpu': this machine has no CUDA device");
-    const int count = static_cast<int>(torch::cuda::device_count());
-    if (world.local_rank >= count) {
-      recipe.run.fail("device", fmt::format("one CUDA device per local rank: local rank {} but {} device(s)",
-                                            world.local_rank, count));
-    }
-    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank));
+  if (config.device == "cuda" && !torch::cuda::is_available()) {
+    recipe.run.fail("device", "'cpu': this machine has no CUDA device");
   }
-  return torch::kCPU;
+  try {
+    return bind_rank_device(config.device == "cuda", world);
+  } catch (const InputError& error) {
+    recipe.run.fail("device", fmt::format("a usable CUDA device ({})", error.what()));
+  }
 }
 
 // World size 1 needs no rendezvous; otherwise the backend must suit the
 // device (the project's two are checked here; another's connect() says).
 std::unique_ptr<Comm> connect_comm(const Recipe& recipe, const RunConfig& config, PluginRegistry& registry,
-                                   const WorldInfo& world, torch::Device device) {
+                                   const WorldInfo& world, torch::Device device,
+                                   c10::intrusive_ptr<c10d::Store>* store) {
   check_backend(recipe, registry, world.world_size);
   const std::string& backend = config.comm.backend;
   if (world.world_size > 1 && (backend == "nccl" || backend == "gloo") && (backend == "nccl") != device.is_cuda()) {
     recipe.distributed.fail(
         "backend", fmt::format("'{}' for run.device = '{}'", device.is_cuda() ? "nccl" : "gloo", config.device));
   }
-  return connect_world(registry, backend, world, config.comm.timeout(), device, recipe.resolved_toml());
+  return connect_world(registry, backend, world, config.comm.timeout(), device, recipe.resolved_toml(), false, store);
 }
 
 }  // namespace
@@ -68,7 +68,7 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
     lock.emplace(context.output_dir);
     write_file_atomically(fs::path(context.output_dir) / "recipe.toml", recipe.resolved_toml());
   }
-  run.comm = connect_comm(recipe, config, registry, world, run.device);
+  run.comm = connect_comm(recipe, config, registry, world, run.device, &run.store);
 
   run.model = PluginRegistry::create<Model>(*recipe.model.plugin, recipe.model.options, context);
   run.dataset = PluginRegistry::create<Dataset>(*recipe.dataset.plugin, recipe.dataset.options, context);

@@ -9,6 +9,8 @@
 
 #include <torch/types.h>
 
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
 #include "distributed/Launcher.h"
 #include "plugin/PluginRegistry.h"
 #include "recipe/Recipe.h"
@@ -27,8 +29,9 @@ namespace trainer {
 struct RunParts {
   Context context;
   torch::Device device = torch::kCPU;
-  bool writer = false;                // only rank 0 writes files and metrics
-  const RunConfig* config = nullptr;  // the run's settings; the caller's, outliving the parts
+  bool writer = false;                    // only rank 0 writes files and metrics
+  const RunConfig* config = nullptr;      // the run's settings; the caller's, outliving the parts
+  c10::intrusive_ptr<c10d::Store> store;  // the job's rendezvous store; null at world size 1
   std::unique_ptr<Comm> comm;
   std::unique_ptr<Model> model;
   std::unique_ptr<Dataset> dataset;

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -15,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "checkpoint/Checkpoint.h"
+#include "distributed/Rendezvous.h"
 #include "reproducible/ExactGradients.h"
 #include "reproducible/ReproducibleMode.h"
 #include "run/Collate.h"
@@ -28,6 +30,7 @@
 #include "trainer/Logger.h"
 #include "trainer/Strategy.h"
 #include "trainer/sharding/AdamW.h"
+#include "util/FaultInjection.h"
 
 namespace trainer {
 
@@ -286,11 +289,12 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
 
   // Checkpoints, and where this run starts.
   const CheckpointPolicy& policy = config.checkpoint;
-  Checkpointer checkpointer(policy.dir, policy.keep, config.fingerprint, info.strategy);
+  Checkpointer checkpointer(policy.dir, policy.keep, config.fingerprint, info.strategy, run.device);
   TrainingPosition position;
-  const std::string from = checkpointer.resolve(policy.resume);
+  int64_t from_step = 0;
+  const std::string from = checkpointer.resolve(policy.resume, *run.comm, &from_step);
   if (!from.empty()) {
-    position = checkpointer.load(from, *run.strategy, *run.model, *run.comm);
+    position = checkpointer.load(from, *run.strategy, *run.model, *run.comm, from_step);
     if (run.exact && !position.gradient_exponents.empty()) run.exact->set_exponents(position.gradient_exponents);
   } else if (policy.resume == "auto") {
     log::info(fmt::format("no checkpoint under {}; starting at step 0", policy.dir));
@@ -341,7 +345,16 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
       consolidated_parameters(*run.model, *run.strategy, *run.comm, run.device, run.writer);
   write_summary(*run.strategy, *run.comm, run.device, out / "summary.json", run.writer, config.steps, applied_updates,
                 weights);
+  // Rank 0 writes alone; the others wait on the host for as long as it
+  // takes (no collective timeout), so no rank leaves while it writes and no
+  // launcher stops it. A stop signal now lets the write finish.
+  WriterGate gate(run.store, world.rank, config.comm.timeout());
+  if (run.writer) inject_slow_write("slow-final-write");
   write_final_weights(*run.model, weights, context.output_dir, run.writer);
+  gate.close();
+  if (const int signal = g_stop_signal.load()) {
+    log::warn(fmt::format("{} came during the final write; the write was finished first", strsignal(signal)));
+  }
 }
 
 }  // namespace trainer

@@ -125,9 +125,10 @@ void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& 
         static_cast<float>(std::sqrt(bias_correction2)),
         static_cast<float>(config.eps),
         static_cast<float>(lr / bias_correction1)};
+    const ops::KernelLaunch launch("adamw_step", {params, grads, state.exp_avg, state.exp_avg_sq, compute});
     ops::kernels::adamw_step(params.data_ptr<float>(), grads.data_ptr<float>(), state.exp_avg.data_ptr<float>(),
                              state.exp_avg_sq.data_ptr<float>(), compute.defined() ? compute.data_ptr() : nullptr,
-                             params.numel(), scalars, ops::current_stream());
+                             params.numel(), scalars, launch.stream());
     ops::check_launch("adamw_step");
     return;
   }

@@ -5,8 +5,12 @@
 // watchdog thread owns the job's timeout: a collective unfinished after
 // distributed.timeout_s, or an asynchronous NCCL error, aborts the
 // communicator once, and the next call of this rank fails naming the
-// collective; an aborted communicator is never destroyed again. Sub-groups
-// (split) are NCCL's own (ncclCommSplit), each with its stream and watchdog.
+// collective; an aborted communicator is never destroyed again, and once
+// one communicator of the process is aborted every other one is aborted
+// too (a sub-group destroyed with work in flight to a dead peer would hang).
+// Sub-groups (split) are NCCL's own (ncclCommSplit), each with its stream
+// and watchdog. Communicators are non-blocking, so that init and split are
+// watched by the same timeout and name the ranks that did not arrive.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -14,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,6 +28,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nccl.h>
 
 #include "trainer/Comm.h"
@@ -61,13 +67,56 @@ ncclDataType_t nccl_type(const torch::Tensor& t) {
   }
 }
 
+// Once any communicator of this process is aborted, every other one is:
+// the first failure, which each watchdog reads on its next wake-up (no
+// watchdog ever takes another's lock).
+std::mutex g_poison_mutex;
+std::string g_poison;  // "" until a communicator is aborted
+std::atomic<bool> g_poisoned{false};
+
+void poison_process(const std::string& failure) {
+  std::lock_guard<std::mutex> lock(g_poison_mutex);
+  if (g_poison.empty()) g_poison = failure;
+  g_poisoned.store(true);
+}
+
+std::string process_poison() {
+  std::lock_guard<std::mutex> lock(g_poison_mutex);
+  return g_poison;
+}
+
+using Clock = std::chrono::steady_clock;
+
+// A non-blocking communicator's pending operation (init, split, or a call
+// that returned ncclInProgress) finished: polls its state until it is no
+// longer in progress. On the deadline the communicator is aborted and the
+// error names `what` and, through `late`, who did not arrive.
+void settle(ncclComm_t comm, Clock::time_point deadline, const std::string& what,
+            const std::function<std::string()>& late) {
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    ncclCommGetAsyncError(comm, &state);
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      ncclCommAbort(comm);
+      throw TrainingError(fmt::format("nccl {} failed: {}", what, ncclGetErrorString(state)));
+    }
+    if (Clock::now() > deadline) {
+      ncclCommAbort(comm);
+      poison_process(what + " timed out");
+      throw TrainingError(fmt::format("nccl {} did not complete within distributed.timeout_s{}", what, late()));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
 // A collective in flight: the event recorded after it on the
 // communication stream. Shared by its work object and the watchdog, so
 // either may outlive the other.
 struct InFlight {
   cudaEvent_t done = nullptr;
   const char* what = "";
-  std::chrono::steady_clock::time_point started;
+  Clock::time_point started;
   ~InFlight() { cudaEventDestroy(done); }
 };
 
@@ -93,6 +142,9 @@ class Watchdog {
   }
 
   std::mutex& launch_mutex() { return mutex_; }
+  /// The stopped watchdog's communicator must be aborted, not destroyed:
+  /// another of the process was (its peers may be gone).
+  static bool process_poisoned() { return g_poisoned.load(); }
   /// Throws the failure, if any (call with launch_mutex() held or not).
   void check() const {
     if (aborted_.load()) throw TrainingError(failure_);
@@ -110,10 +162,13 @@ class Watchdog {
       while (!pending_.empty() && cudaEventQuery(pending_.front()->done) == cudaSuccess) pending_.pop_front();
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess && async != ncclInProgress) {
+      if (g_poisoned.load()) {
+        abort(fmt::format("nccl communicator of {} aborted because another communicator of this process was: {}", who_,
+                          process_poison()));
+      } else if (async != ncclSuccess && async != ncclInProgress) {
         abort(fmt::format("nccl failed on {}: {}{}", who_, ncclGetErrorString(async),
                           pending_.empty() ? "" : fmt::format(" (in {})", pending_.front()->what)));
-      } else if (!pending_.empty() && std::chrono::steady_clock::now() - pending_.front()->started > timeout_) {
+      } else if (!pending_.empty() && Clock::now() - pending_.front()->started > timeout_) {
         abort(
             fmt::format("nccl {} on {} did not finish within {} s (distributed.timeout_s: a peer died or "
                         "hangs); the communicator was aborted",
@@ -124,13 +179,16 @@ class Watchdog {
 
   // With mutex_ held. The message goes to stderr at once too: a thread of
   // this rank may be blocked on the device until the abort frees it.
+  // Marked aborted first: a host waiting on a collective that the abort
+  // lets finish must see the failure, not a result.
   void abort(const std::string& failure) {
     failure_ = failure;
+    aborted_.store(true);
     std::fprintf(stderr, "%s\n", failure.c_str());
     released_hang().store(true);  // an injected hang lets its stream go before the abort
     ncclCommAbort(comm_);
     pending_.clear();
-    aborted_.store(true);
+    poison_process(failure);
   }
 
  public:
@@ -156,19 +214,36 @@ class Watchdog {
 
 class NcclWork final : public CommWork {
  public:
-  NcclWork(std::shared_ptr<InFlight> work, const Watchdog& watchdog, std::vector<torch::Tensor> keep_alive)
-      : work_(std::move(work)), watchdog_(watchdog), keep_alive_(std::move(keep_alive)) {}
+  /// `caller`: the stream that was current on the tensors' device when the
+  /// collective was launched.
+  NcclWork(std::shared_ptr<InFlight> work, const Watchdog& watchdog, c10::cuda::CUDAStream caller,
+           std::vector<torch::Tensor> keep_alive)
+      : work_(std::move(work)), watchdog_(watchdog), caller_(caller), keep_alive_(std::move(keep_alive)) {}
 
-  // Ordered on the GPU: later work on the caller's stream waits for the
-  // collective; the host goes on at once.
+  // Ordered on the GPU: later work on the caller's stream (the one current
+  // at launch, on the communicator's device, whichever device or stream is
+  // current now) waits for the collective; the host goes on at once.
   void wait() override {
     watchdog_.check();
-    check_cuda(cudaStreamWaitEvent(at::cuda::getCurrentCUDAStream().stream(), work_->done, 0), "stream wait");
+    check_cuda(cudaStreamWaitEvent(caller_.stream(), work_->done, 0), "stream wait");
+  }
+
+  /// Blocks the host until the collective finished, polling (a dead peer
+  /// ends it through the watchdog's abort, which this sees).
+  void wait_on_host() {
+    for (;;) {
+      watchdog_.check();
+      const cudaError_t state = cudaEventQuery(work_->done);
+      if (state == cudaSuccess) return;
+      if (state != cudaErrorNotReady) check_cuda(state, "event query");
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
 
  private:
   std::shared_ptr<InFlight> work_;
   const Watchdog& watchdog_;
+  c10::cuda::CUDAStream caller_;
   std::vector<torch::Tensor> keep_alive_;
 };
 
@@ -184,7 +259,14 @@ class NcclComm final : public Comm {
   ~NcclComm() override {
     const bool aborted = watchdog_ && watchdog_->aborted();
     watchdog_.reset();
-    if (comm_ && !aborted) ncclCommDestroy(comm_);  // an aborted communicator is already freed
+    if (!comm_ || aborted) return;  // an aborted communicator is already freed
+    // After another communicator's abort a peer may be dead: destroying
+    // would wait for work in flight to it forever.
+    if (Watchdog::process_poisoned()) {
+      ncclCommAbort(comm_);
+    } else {
+      ncclCommDestroy(comm_);
+    }
   }
 
   void connect(const CommSetup& setup) override {
@@ -205,7 +287,28 @@ class NcclComm final : public Comm {
       if (bytes.size() != sizeof(id)) throw TrainingError("nccl: malformed unique id in the rendezvous store");
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
-    check_nccl(ncclCommInitRank(&comm_, world_size_, id, rank_), "communicator init");
+    // Each rank says it reached init, so that a timeout can name the ranks
+    // that did not.
+    setup.store->set(fmt::format("nccl/init/{}", rank_), std::vector<uint8_t>{1});
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const Clock::time_point deadline = Clock::now() + timeout_;
+    check_nccl(ncclCommInitRankConfig(&comm_, world_size_, id, rank_, &config), "communicator init");
+    const c10::intrusive_ptr<c10d::Store> store = setup.store;
+    const int world = world_size_;
+    try {
+      settle(comm_, deadline, fmt::format("communicator init on rank {}", rank_), [store, world] {
+        std::vector<int> missing;
+        for (int r = 0; r < world; ++r) {
+          if (!store->check({fmt::format("nccl/init/{}", r)})) missing.push_back(r);
+        }
+        return missing.empty() ? std::string(": every rank reached it, a peer stopped answering")
+                               : fmt::format(": rank(s) {} never arrived", fmt::join(missing, ", "));
+      });
+    } catch (...) {
+      comm_ = nullptr;  // aborted (freed) by settle
+      throw;
+    }
     start(fmt::format("rank {}", rank_));
   }
 
@@ -217,10 +320,23 @@ class NcclComm final : public Comm {
     group->timeout_ = timeout_;
     group->device_ = device_;
     {
+      // Non-blocking: the split is watched by the timeout here, since the
+      // parent's watchdog cannot run while its launch lock is held.
       c10::cuda::CUDAGuard guard(device_);
       std::lock_guard<std::mutex> lock(watchdog_->launch_mutex());
       watchdog_->check();
-      check_nccl(ncclCommSplit(comm_, color, key, &group->comm_, nullptr), "communicator split");
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      const Clock::time_point deadline = Clock::now() + timeout_;
+      check_nccl(ncclCommSplit(comm_, color, key, &group->comm_, &config), "communicator split");
+      const std::string what = fmt::format("communicator split on {}", who_);
+      settle(comm_, deadline, what, [] { return std::string(": a rank of the group did not call split"); });
+      try {
+        settle(group->comm_, deadline, what, [] { return std::string(": a rank of the new group did not arrive"); });
+      } catch (...) {
+        group->comm_ = nullptr;
+        throw;
+      }
     }
     check_nccl(ncclCommUserRank(group->comm_, &group->rank_), "communicator rank");
     check_nccl(ncclCommCount(group->comm_, &group->world_size_), "communicator size");
@@ -264,9 +380,11 @@ class NcclComm final : public Comm {
     });
   }
 
+  // A host barrier (Comm.h): the all-reduce, then the host waits for it.
   void barrier() override {
     torch::Tensor one = torch::ones({1}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
-    all_reduce_sum_async(one)->wait();
+    std::unique_ptr<CommWork> work = all_reduce_sum_async(one);
+    static_cast<NcclWork&>(*work).wait_on_host();
   }
 
  private:
@@ -286,19 +404,26 @@ class NcclComm final : public Comm {
     cudaEvent_t ready = nullptr;
     auto work = std::make_shared<InFlight>();
     work->what = what;
+    const c10::cuda::CUDAStream caller = at::cuda::getCurrentCUDAStream(device_.index());
     check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "event create");
     check_cuda(cudaEventCreateWithFlags(&work->done, cudaEventDisableTiming), "event create");
-    check_cuda(cudaEventRecord(ready, at::cuda::getCurrentCUDAStream(device_.index()).stream()), "event record");
+    check_cuda(cudaEventRecord(ready, caller.stream()), "event record");
     check_cuda(cudaStreamWaitEvent(stream_.stream(), ready, 0), "stream wait");
     cudaEventDestroy(ready);
     for (const torch::Tensor& t : tensors)
       c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
     if (inject_hang_) check_cuda(cudaLaunchHostFunc(stream_.stream(), hold_until_aborted, nullptr), "host function");
-    check_nccl(op(stream_.stream()), what);
+    const ncclResult_t launched = op(stream_.stream());
+    check_nccl(launched, what);
+    // A non-blocking communicator may still be connecting: the call is
+    // enqueued once its state leaves ncclInProgress.
+    if (launched == ncclInProgress) {
+      settle(comm_, Clock::now() + timeout_, fmt::format("{} on {}", what, who_), [] { return std::string(); });
+    }
     check_cuda(cudaEventRecord(work->done, stream_.stream()), "event record");
-    work->started = std::chrono::steady_clock::now();
+    work->started = Clock::now();
     watchdog_->watch(work);
-    return std::make_unique<NcclWork>(std::move(work), *watchdog_, std::move(tensors));
+    return std::make_unique<NcclWork>(std::move(work), *watchdog_, caller, std::move(tensors));
   }
 
   // After comm_ exists: the stream, the fault injection and the watchdog.

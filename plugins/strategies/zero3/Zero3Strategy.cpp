@@ -34,6 +34,7 @@
 #include <cmath>
 #include <mutex>
 
+#include <c10/core/DeviceGuard.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -53,7 +54,9 @@ void release(torch::Tensor& buffer) {
   storage->set_nbytes(0);
 }
 
+// On the buffer's own device: the allocator takes the current one.
 void reallocate(torch::Tensor& buffer) {
+  const c10::DeviceGuard on_its_device(buffer.device());
   c10::StorageImpl* storage = buffer.storage().unsafeGetStorageImpl();
   const size_t bytes = static_cast<size_t>(buffer.numel()) * buffer.element_size();
   storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));

@@ -1,0 +1,165 @@
+// Several ranks on the CPU (gloo): a slow final write that outlasts
+// distributed.timeout_s, a stop signal during the final write and during a
+// checkpoint, and ranks that see a checkpoint differently. The same paths
+// run over nccl in tests/multigpu.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "TestSupport.h"
+
+namespace trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+// `trainer run` as a child with its output in `log` and `env` added to its
+// environment; killed (with its workers, through their parent-death signal)
+// and reaped on every exit path of the test.
+class Job {
+ public:
+  Job(const std::vector<std::string>& args, const std::string& log, const std::vector<std::string>& env) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      std::vector<char*> argv;
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(TRAINER_BINARY, argv.data());
+      _exit(127);
+    }
+  }
+  ~Job() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  void signal(int number) const { kill(pid_, number); }
+  /// The exit code (128 + signal when killed).
+  int wait() {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// Waits (up to a minute) for the fault-injection marker a slow write creates.
+bool appears(const std::string& path) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(path)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+std::vector<std::string> run_args(const std::string& dir, const std::vector<std::string>& more) {
+  std::vector<std::string> args = {TRAINER_BINARY,
+                                   "run",
+                                   kQuickstart,
+                                   "--nproc",
+                                   "2",
+                                   "--set",
+                                   "run.output_dir=" + dir,
+                                   "--set",
+                                   "training.micro_batch_size=4"};
+  for (const std::string& m : more) args.insert(args.end(), {"--set", m});
+  return args;
+}
+
+// Rank 0's final write takes 4 s, distributed.timeout_s is 1: every rank
+// waits for it on the host (no collective times out), the launcher stops
+// nobody, and the weights equal those of a run without the delay.
+TEST(SeveralRanks, SlowFinalWriteOutlastingTheTimeoutEndsWithEveryRankDone) {
+  const std::string plain = scratch_dir("SlowFinalPlain"), slow = scratch_dir("SlowFinal");
+  const std::vector<std::string> keys = {"training.steps=3", "distributed.timeout_s=1"};
+  Job reference(run_args(plain, keys), plain + "/log.txt", {});
+  ASSERT_EQ(reference.wait(), 0) << read_file(plain + "/log.txt");
+  const std::string marker = slow + "/writing";
+  Job job(run_args(slow, keys), slow + "/log.txt",
+          {"TRAINER_FAULT_INJECT=slow-final-write", "TRAINER_FAULT_DELAY_S=4", "TRAINER_FAULT_MARKER=" + marker});
+  ASSERT_EQ(job.wait(), 0) << read_file(slow + "/log.txt");
+  EXPECT_TRUE(fs::exists(marker)) << "the write was not slowed down";
+  EXPECT_FALSE(fs::exists(slow + "/model.safetensors.tmp"));
+  EXPECT_EQ(read_file(slow + "/model.safetensors"), read_file(plain + "/model.safetensors"));
+}
+
+// SIGTERM to the job while rank 0 writes the final weights (longer than the
+// launcher's grace of distributed.timeout_s): the write finishes, the log
+// says so, and the job ends 0 with whole weights.
+TEST(SeveralRanks, StopSignalDuringTheFinalWriteLetsItFinish) {
+  const std::string plain = scratch_dir("SignalFinalPlain"), dir = scratch_dir("SignalFinal");
+  const std::vector<std::string> keys = {"training.steps=3", "distributed.timeout_s=1"};
+  Job reference(run_args(plain, keys), plain + "/log.txt", {});
+  ASSERT_EQ(reference.wait(), 0) << read_file(plain + "/log.txt");
+  const std::string marker = dir + "/writing";
+  Job job(run_args(dir, keys), dir + "/log.txt",
+          {"TRAINER_FAULT_INJECT=slow-final-write", "TRAINER_FAULT_DELAY_S=4", "TRAINER_FAULT_MARKER=" + marker});
+  ASSERT_TRUE(appears(marker)) << read_file(dir + "/log.txt");
+  job.signal(SIGTERM);
+  const int code = job.wait();
+  const std::string log = read_file(dir + "/log.txt");
+  EXPECT_EQ(code, 0) << log;
+  EXPECT_NE(log.find("came during the final write; the write was finished first"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(dir + "/model.safetensors.tmp")) << log;
+  EXPECT_EQ(read_file(dir + "/model.safetensors"), read_file(plain + "/model.safetensors"));
+}
+
+// SIGTERM to every worker while rank 0 is inside a checkpoint's save: every
+// checkpoint on disk is complete (no .tmp), and the newest resumes.
+TEST(SeveralRanks, StopSignalDuringACheckpointLeavesOnlyCompleteOnes) {
+  const std::string dir = scratch_dir("SignalSave");
+  const std::string marker = dir + "/writing";
+  Job job(run_args(dir, {"training.steps=50", "checkpoint.interval=3", "distributed.timeout_s=30"}), dir + "/log.txt",
+          {"TRAINER_FAULT_INJECT=slow-checkpoint-write", "TRAINER_FAULT_DELAY_S=2", "TRAINER_FAULT_MARKER=" + marker});
+  ASSERT_TRUE(appears(marker)) << read_file(dir + "/log.txt");
+  job.signal(SIGTERM);  // forwarded to every worker
+  const int code = job.wait();
+  const std::string log = read_file(dir + "/log.txt");
+  EXPECT_EQ(code, 75) << log;
+  int complete = 0;
+  for (const auto& entry : fs::directory_iterator(dir + "/checkpoints")) {
+    EXPECT_NE(entry.path().extension(), ".tmp") << entry.path() << "\n" << log;
+    EXPECT_TRUE(fs::exists(entry.path() / "manifest.json")) << entry.path();
+    ++complete;
+  }
+  EXPECT_GE(complete, 1) << log;
+  Job resumed(run_args(dir, {"training.steps=8", "checkpoint.resume=auto"}), dir + "/resume.txt", {});
+  EXPECT_EQ(resumed.wait(), 0) << read_file(dir + "/resume.txt");
+}
+
+// Rank 1 sees every checkpoint file differently from rank 0 (a stale cache,
+// injected): with each rank resolving alone, rank 1 would fall back to
+// another step than rank 0. Rank 0's choice is the job's, and rank 1 stops
+// naming itself and the file instead of loading something else.
+TEST(SeveralRanks, RanksThatSeeACheckpointDifferentlyStopNamingIt) {
+  const std::string dir = scratch_dir("StaleView");
+  Job first(run_args(dir, {"training.steps=4", "checkpoint.interval=2"}), dir + "/log.txt", {});
+  ASSERT_EQ(first.wait(), 0) << read_file(dir + "/log.txt");
+  Job resumed(run_args(dir, {"training.steps=6", "checkpoint.resume=auto"}), dir + "/resume.txt",
+              {"TRAINER_FAULT_INJECT=stale-view"});
+  const int code = resumed.wait();
+  const std::string log = read_file(dir + "/resume.txt");
+  EXPECT_EQ(code, 2) << log;
+  EXPECT_NE(log.find("rank 1: " + dir + "/checkpoints/step-00000004/rank-0000"), std::string::npos) << log;
+  EXPECT_NE(log.find("rank 0 verified this checkpoint: the ranks see it differently"), std::string::npos) << log;
+  EXPECT_EQ(log.find("step-00000002"), std::string::npos) << "a rank fell back alone\n" << log;
+}
+
+}  // namespace
+}  // namespace trainer
