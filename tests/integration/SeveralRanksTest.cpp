@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "TestSupport.h"
@@ -159,6 +160,57 @@ TEST(SeveralRanks, RanksThatSeeACheckpointDifferentlyStopNamingIt) {
   EXPECT_NE(log.find("rank 1: " + dir + "/checkpoints/step-00000004/rank-0000"), std::string::npos) << log;
   EXPECT_NE(log.find("rank 0 verified this checkpoint: the ranks see it differently"), std::string::npos) << log;
   EXPECT_EQ(log.find("step-00000002"), std::string::npos) << "a rank fell back alone\n" << log;
+}
+
+// A model whose parameter use depends on the rank (tests/fixtures/
+// SkipLayerModel: odd ranks skip a layer, as an early exit or a mixture of
+// experts would with their data). ddp, zero1 and zero2 reduce every bucket in
+// bucket order on every rank, so they finish and agree; zero3, whose units
+// must run in their declared order (Model.h), refuses it naming the unit.
+// Neither hangs (distributed.timeout_s bounds any wait).
+TEST(SeveralRanks, AParameterSetThatDependsOnTheRankTrainsOrIsRefusedNeverHangs) {
+  const std::string recipe = write_file(scratch_dir("SkipLayerRecipe") + "/skip.toml", R"(
+[run]
+seed = 5
+[model]
+name = ")" + std::string(TRAINER_FIXTURE_DIR) + R"(/models/trainer-model-skip-layer.so"
+[dataset]
+name = "synthetic"
+seq_len = 16
+vocab_size = 64
+[training]
+steps = 3
+micro_batch_size = 2
+grad_accum_steps = 2
+[distributed]
+nproc = 2
+timeout_s = 20
+[strategy]
+name = "ddp"
+)");
+  std::map<std::string, std::string> dirs;
+  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+    const std::string dir = scratch_dir(std::string("SkipLayer_") + strategy);
+    // A bucket per parameter (1 kB) for the stages that bucket: a skipped
+    // layer's bucket sits between buckets both ranks fill.
+    const bool buckets = std::string(strategy) == "ddp" || std::string(strategy) == "zero2";
+    const auto result = trainer("run " + recipe + " --set strategy.name=" + strategy + " --set run.output_dir=" + dir +
+                                (buckets ? " --set strategy.bucket_mb=0.001" : ""));
+    if (std::string(strategy) == "zero3") {
+      EXPECT_EQ(result.exit_code, 1) << result.output;
+      EXPECT_NE(result.output.find("zero3: this rank entered unit 'head' where unit 'second' comes next"),
+                std::string::npos)
+          << result.output;
+      continue;
+    }
+    ASSERT_EQ(result.exit_code, 0) << strategy << "\n" << result.output;
+    dirs[strategy] = dir;
+  }
+  for (const char* strategy : {"zero1", "zero2"}) {
+    // fp32 sums in another order: rounding only.
+    const auto close = trainer("compare --rtol 1e-5 " + dirs["ddp"] + " " + dirs[strategy]);
+    EXPECT_EQ(close.exit_code, 0) << strategy << "\n" << close.output;
+  }
 }
 
 }  // namespace

@@ -82,9 +82,10 @@ TEST(Strategies, ZeroMemoryFormulasAtWorldSizeFour) {
                                 "--set strategy.name=zero3 --set strategy.prefetch=0");
   EXPECT_EQ(read_file(dirs["zero3"] + "/summary.json"), read_file(dirs["zero3_prefetch0"] + "/summary.json"))
       << "prefetch changes when parameters arrive, not the result";
-  // quickstart's qwen2: 82496 parameters in two groups, so padding to a
-  // multiple of 4 adds at most 2 x 3 elements per rank.
-  const double padding = 2 * 3 * 4;
+  // quickstart's qwen2: 82496 parameters in two groups, each padded to a
+  // multiple of 4 x 64 (shard_padding): at most 2 x 64 elements per rank in
+  // each of three fp32 state tensors.
+  const double padding = 2 * 64 * 4 * 3;
   auto quarter_of = [&](double ddp_bytes) { return 1.05 * ddp_bytes / 4 + padding; };
   for (int rank = 0; rank < 4; ++rank) {
     const double p = memory_of(dirs["ddp"], rank, "parameter_bytes");

@@ -4,6 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
+#include "kit/Reference.h"
+#include "plugin/PluginRegistry.h"
+#include "recipe/Recipe.h"
+#include "trainer/Comm.h"
+#include "trainer/Strategy.h"
+
 namespace trainer {
 namespace {
 
@@ -52,6 +60,68 @@ TEST(Shard, ShardsTileTheBuffer) {
   EXPECT_EQ(shard_of(12, 2, 4).offset, 6);
   EXPECT_EQ(shard_of(12, 2, 4).numel, 3);
   EXPECT_THROW(shard_of(10, 0, 4), std::logic_error);
+}
+
+// Rank `rank` of `world` ranks to a strategy's set-up; every collective
+// completes at once without moving data (only the layout is looked at).
+class PosingComm final : public Comm {
+ public:
+  PosingComm(int rank, int world) : rank_(rank), world_(world) {}
+  void connect(const CommSetup&) override {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::unique_ptr<CommWork> all_reduce_sum_async(torch::Tensor) override { return done(); }
+  std::unique_ptr<CommWork> reduce_scatter_sum_async(torch::Tensor, torch::Tensor) override { return done(); }
+  std::unique_ptr<CommWork> all_gather_async(torch::Tensor, torch::Tensor) override { return done(); }
+  std::unique_ptr<CommWork> broadcast_async(torch::Tensor, int) override { return done(); }
+  std::unique_ptr<CommWork> reduce_sum_async(torch::Tensor, int) override { return done(); }
+  void barrier() override {}
+
+ private:
+  struct Done final : CommWork {
+    void wait() override {}
+  };
+  static std::unique_ptr<CommWork> done() { return std::make_unique<Done>(); }
+  int rank_, world_;
+};
+
+// Every strategy, at every world size 1..8 and every rank: each state slice
+// starts on a multiple of kShardAlignment elements of its flat group, so the
+// fused kernels' vector loads and NCCL's buffers are aligned.
+TEST(FlatParameters, EveryStrategysShardsStartOn64ElementBoundaries) {
+  PluginRegistry registry;
+  registry.discover({TRAINER_PLUGIN_DIR});
+  for (const char* name : {"ddp", "zero1", "zero2", "zero3"}) {
+    const LoadedPlugin& plugin = registry.find(PluginKind::Strategy, name);
+    for (int world = 1; world <= 8; ++world) {
+      for (int rank = 0; rank < world; ++rank) {
+        PosingComm comm(rank, world);
+        std::unique_ptr<Model> model = kit::make_model(registry);
+        Context context;
+        context.rank = rank;
+        context.world_size = world;
+        std::unique_ptr<Strategy> strategy =
+            PluginRegistry::create<Strategy>(plugin, plugin_options(plugin, ""), context);
+        strategy->setup(*model, comm, StrategyEnv{torch::kCPU, AdamWConfig{}});
+        const std::vector<StateSlice> slices = strategy->state_slices();
+        EXPECT_FALSE(slices.empty()) << fmt::format("{} rank {} of {}", name, rank, world);
+        for (const StateSlice& slice : slices) {
+          EXPECT_EQ(slice.offset % kShardAlignment, 0) << fmt::format(
+              "{} rank {} of {}: a slice of group {} starts at {}", name, rank, world, slice.group, slice.offset);
+        }
+      }
+    }
+  }
+}
+
+TEST(FlatParameters, ShardsOfTheShardPaddingAreAligned) {
+  for (int world = 1; world <= 8; ++world) {
+    for (const int64_t numel : {1, 63, 64, 1000, 82496}) {
+      const int64_t pad = shard_padding(world);
+      const int64_t padded = (numel + pad - 1) / pad * pad;
+      for (int rank = 0; rank < world; ++rank) EXPECT_EQ(shard_of(padded, rank, world).offset % kShardAlignment, 0);
+    }
+  }
 }
 
 }  // namespace

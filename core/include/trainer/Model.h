@@ -68,7 +68,13 @@ class Model : public Component {
   virtual int64_t vocab_size() const = 0;
   /// The units, in forward order, covering every parameter once. A model
   /// that declares units brackets each unit's forward with enter_unit and
-  /// leave_unit. Default: none declared (parameter sharding unsupported).
+  /// leave_unit, entering every unit in this order in every forward on
+  /// every rank, whatever the data: zero3 gathers each unit with a
+  /// collective, and refuses a unit skipped or entered out of order.
+  /// Parameters a forward does not use (a mixture of experts' idle experts,
+  /// an early exit) are fine for ddp, zero1 and zero2: their gradient counts
+  /// as zero, and every rank reduces the same buckets in the same order.
+  /// Default: none declared (parameter sharding unsupported).
   virtual std::vector<ParameterUnit> units() { return {}; }
 
   /// Logits [batch, seq, vocab] for `input_ids` (no loss), for checking a

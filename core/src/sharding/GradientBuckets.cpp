@@ -14,6 +14,8 @@ struct GradientBuckets::State {
   std::mutex mutex;
   bool armed = false;
   std::vector<int> ready;  // per bucket: parameters accumulated in this backward
+  std::vector<int> whole;  // per bucket: its parameter count
+  size_t next = 0;         // the next bucket owed ready(), in bucket order
   Callback first, done;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // the hooks live as long as these
 };
@@ -40,6 +42,7 @@ GradientBuckets::GradientBuckets(const std::vector<ParameterGroup>& groups, int6
     if (!bucket.slots.empty()) buckets_.push_back(bucket);
   }
   state_->ready.assign(buckets_.size(), 0);
+  for (const GradientBucket& bucket : buckets_) state_->whole.push_back(static_cast<int>(bucket.slots.size()));
 }
 
 void GradientBuckets::hook(const std::vector<ParameterGroup>& groups, Callback first, Callback ready) {
@@ -59,7 +62,14 @@ void GradientBuckets::hook(const std::vector<ParameterGroup>& groups, Callback f
             if (!state->armed) return outputs;
             const int count = ++state->ready[b];
             if (count == 1 && state->first) state->first(b);
-            if (count == parameters && state->done) state->done(b);
+            if (count == parameters) {
+              // In bucket order: b and every complete bucket after it, once
+              // all before it were delivered.
+              while (state->next < state->ready.size() && state->ready[state->next] == state->whole[state->next]) {
+                if (state->done) state->done(state->next);
+                ++state->next;
+              }
+            }
             return outputs;
           }));
       state_->accumulators.push_back(std::move(accumulator));
@@ -71,6 +81,7 @@ void GradientBuckets::arm(bool armed) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->armed = armed;
   std::fill(state_->ready.begin(), state_->ready.end(), 0);
+  state_->next = 0;
 }
 
 }  // namespace trainer

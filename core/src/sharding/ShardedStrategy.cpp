@@ -21,8 +21,8 @@ void ShardedStrategy::join(Comm& world, const StrategyEnv& env) {
 }
 
 void ShardedStrategy::keep_full_parameters(Model& model, const StrategyEnv& env) {
-  full_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/comm_->world_size(), torch::kFloat32,
-                             env.compute_dtype);
+  full_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/shard_padding(comm_->world_size()),
+                             torch::kFloat32, env.compute_dtype);
   optimizer_ = ShardedAdamW::viewing(full_, *comm_);
 }
 

@@ -54,9 +54,20 @@ class DdpStrategy final : public Strategy {
   }
 
   void backward(const torch::Tensor& loss, const MicroStep& micro) override {
-    layout_.arm(overlap_ && micro.is_last && comm_->world_size() > 1);
+    const bool overlapped = overlap_ && micro.is_last && comm_->world_size() > 1;
+    layout_.arm(overlapped);
     loss.backward();
     layout_.arm(false);
+    // Buckets whose parameters took no part in this backward (on this rank:
+    // the graph may depend on the data) start now, in bucket order, after
+    // the ones the hooks started in that order: every rank issues the same
+    // all-reduces in the same order before the loop's next collective.
+    if (overlapped) {
+      torch::NoGradGuard no_grad;
+      for (Bucket& bucket : buckets_) {
+        if (!bucket.work) start(bucket);
+      }
+    }
   }
 
   double reduce_gradients_and_norm() override {

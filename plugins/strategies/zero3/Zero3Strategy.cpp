@@ -115,7 +115,8 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
     if (declared.empty()) {
       throw InputError("strategy 'zero3' needs a model that declares its units (Model::units); this one declares none");
     }
-    std::vector<ParameterGroup> layout = flatten_parameters(params, env.device, shard_comm().world_size());
+    std::vector<ParameterGroup> layout =
+        flatten_parameters(params, env.device, shard_padding(shard_comm().world_size()));
     for (ParameterGroup& group : layout) {
       // The shard's fp32 master values live only here: the full buffer goes.
       const Shard shard = shard_of(group.padded_numel, shard_comm().rank(), shard_comm().world_size());
@@ -136,7 +137,10 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
 
   LossSum forward(Model& model, const Batch& batch) override {
     for (Unit& unit : units_) unit.entered = false;
+    next_unit_ = 0;
+    in_forward_ = true;
     LossSum out = model.forward(batch);
+    in_forward_ = false;
     for (const Unit& unit : units_) {
       if (!unit.entered) throw TrainingError(fmt::format("zero3: the model never entered its unit '{}'", unit.name));
     }
@@ -160,6 +164,20 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
   // UnitHooks
   void before_unit(size_t index) override {
     Unit& unit = units_.at(index);
+    // Each unit's all-gather is a collective: a rank that skipped or
+    // reordered a unit would pair it with another rank's next one. Refused
+    // here, before this rank's gather, so the job ends naming it.
+    if (in_forward_ && !in_backward_pass_) {
+      if (index != next_unit_) {
+        in_forward_ = false;
+        throw TrainingError(fmt::format(
+            "zero3: this rank entered unit '{}' where unit '{}' comes next: every rank must run the model's units "
+            "in their declared order whatever the data (Model.h); a model that skips units needs ddp, zero1 or "
+            "zero2",
+            unit.name, next_unit_ < units_.size() ? units_[next_unit_].name : "(none)"));
+      }
+      next_unit_ = index + 1;
+    }
     unit.entered = true;
     gather(unit);
     // The next units' parameters travel while this one computes (not in a
@@ -416,6 +434,8 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
   bool last_micro_ = false;
   std::unique_ptr<PendingReduction> reduction_;
   bool in_backward_pass_ = false;
+  bool in_forward_ = false;  // inside forward(): units must come in order
+  size_t next_unit_ = 0;     // the unit forward must enter next
   torch::Dtype compute_dtype_ = torch::kFloat32;
   Model* model_ = nullptr;
   std::vector<Unit> units_;

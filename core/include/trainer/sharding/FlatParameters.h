@@ -61,6 +61,15 @@ struct Shard {
 };
 Shard shard_of(int64_t padded_numel, int rank, int world_size);
 
+/// Every shard starts on a multiple of this many elements (256 bytes of
+/// fp32): the fused kernels' vector loads and NCCL's buffers stay aligned,
+/// and no shard runs AdamW's scalar path for want of alignment.
+inline constexpr int64_t kShardAlignment = 64;
+
+/// What flat groups sharded over `world_size` ranks are padded to, so that
+/// each shard's length, and so each start, is a multiple of kShardAlignment.
+inline int64_t shard_padding(int world_size) { return static_cast<int64_t>(world_size) * kShardAlignment; }
+
 /// The part of `shard` that holds real elements of `group` (not padding):
 /// same offset, numel clipped at group.numel (possibly 0).
 Shard unpadded(const ParameterGroup& group, const Shard& shard);

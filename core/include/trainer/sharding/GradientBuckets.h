@@ -38,10 +38,14 @@ class GradientBuckets {
   /// Hooks on every parameter's gradient accumulator (once; they live as
   /// long as the model's autograd nodes). While armed, on the autograd
   /// thread and one call at a time: first(b) right after the first of bucket
-  /// b's parameters has had its gradient accumulated in this backward, then
-  /// ready(b) once all of them have (both, in that order, for a bucket of
-  /// one). A parameter that takes no part in the backward never counts:
-  /// the strategy finishes such buckets after backward returns.
+  /// b's parameters has had its gradient accumulated in this backward;
+  /// ready(b) once all of them have and ready(b') was called for every
+  /// b' < b: ready comes in bucket order, whatever order the gradients come
+  /// in, so collectives started from it are in the same order on every rank
+  /// even when the ranks' graphs differ (a parameter some rank does not
+  /// use). A parameter that takes no part in the backward never counts:
+  /// the buckets still owed ready are then the last ones, which the
+  /// strategy finishes in bucket order after backward returns.
   void hook(const std::vector<ParameterGroup>& groups, Callback first, Callback ready);
 
   /// Arms the hooks for one backward, every count at zero, or disarms them.
