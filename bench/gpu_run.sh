@@ -4,6 +4,7 @@
 # .cache/tokenizers): configure and build into
 # build-gpu, then the stages named in $STAGES (default: all), logs under $OUT.
 #   tests   ctest -L gpu and -L unit
+#   multigpu  ctest -L multigpu (a host with 8 GPUs; fails with fewer)
 #   hf      bench/hf_logits_check.py on CUDA
 #   b05     bench.py at the 0.5B shape     b3    bench.py at the 3B shape
 #   tb      bench/tensorboard_check.py: the event files read by TensorBoard's reader
@@ -25,6 +26,8 @@ for stage in $stages; do
   case $stage in
     tests) (cd build-gpu && ctest -L 'gpu|unit' --output-on-failure) >"$out/ctest.log" 2>&1 || status=1
            grep -E "tests passed|Failed|FAILED|\*\*\*" "$out/ctest.log" | head -30 ;;
+    multigpu) (cd build-gpu && ctest -L multigpu --output-on-failure) >"$out/multigpu.log" 2>&1 || status=1
+           grep -E "tests passed|Failed|FAILED|\*\*\*" "$out/multigpu.log" | head -30 ;;
     hf) python3 bench/hf_logits_check.py --trainer build-gpu/bin/trainer --device cuda 2>&1 | tail -4 || status=1 ;;
     tb) python3 bench/tensorboard_check.py --trainer build-gpu/bin/trainer 2>&1 | tail -12 || status=1 ;;
     tok) python3 bench/tokenizer_reference.py --tokenizer .cache/tokenizers/qwen3/tokenizer.json \

@@ -62,6 +62,9 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
   at::set_num_threads(std::max(1, cores / std::max(1, world.local_world_size)));
   if (config.reproducible) run.reproducible = std::make_unique<ReproducibleSettings>();
   run.device = device_of(recipe, config, world);
+  if (run.device.is_cuda()) {
+    log::info(fmt::format("rank {} (local rank {}) computes on {}", world.rank, world.local_rank, run.device.str()));
+  }
   run.writer = world.rank == 0;
   if (run.writer) {
     fs::create_directories(context.output_dir);

@@ -1,0 +1,118 @@
+// Several GPUs of one host over nccl (label multigpu, apart from gpu): every
+// strategy and hybrid sharding at 2, 4 and 8 ranks against one GPU, each rank
+// on its own device, the conformance kit across ranks, resume across world
+// sizes, and a killed rank ending the job. A test that needs more GPUs than
+// the machine shows fails (never skips): run the label only where they are.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include <torch/cuda.h>
+
+#include "TestSupport.h"
+
+namespace trainer {
+namespace {
+
+// Fails the test (not a skip) when fewer than `n` GPUs are visible.
+#define REQUIRE_GPUS(n)                                                                                   \
+  if (static_cast<int>(torch::cuda::device_count()) < (n)) {                                              \
+    FAIL() << "needs " << (n) << " GPUs, this machine shows " << torch::cuda::device_count()              \
+           << " (run the multigpu label on a machine with enough, or leave it out: ctest -LE multigpu)"; \
+  }
+
+const std::string kOnCuda = " --set run.device=cuda --set distributed.backend=nccl --set distributed.timeout_s=120";
+
+// Quickstart, global batch 8, `steps` steps, with `strategy` at `world` ranks.
+std::string job(const std::string& dir, const std::string& strategy, int world, int steps, const std::string& more) {
+  return "run " + kQuickstart + kOnCuda + " --set run.output_dir=" + dir + " --set strategy.name=" + strategy +
+         " --set training.micro_batch_size=" + std::to_string(8 / world) + " --nproc " + std::to_string(world) +
+         " --set training.steps=" + std::to_string(steps) + " " + more;
+}
+
+// The devices the ranks said they compute on ("rank R (local rank L) computes on cuda:I").
+std::set<std::string> devices_in(const std::string& log) {
+  std::set<std::string> devices;
+  for (size_t at = log.find("computes on cuda:"); at != std::string::npos; at = log.find("computes on cuda:", at + 1)) {
+    devices.insert(log.substr(at + 12, log.find_first_of(" \n", at + 12) - (at + 12)));
+  }
+  return devices;
+}
+
+TEST(MultiGpu, EveryStrategyOnSeveralGpusTrainsLikeOne) {
+  REQUIRE_GPUS(8);
+  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+    const std::string one = scratch_dir(std::string("MultiGpu1_") + strategy);
+    const auto single = trainer(job(one, strategy, 1, 20, ""));
+    ASSERT_EQ(single.exit_code, 0) << single.output;
+    for (const int world : {2, 4, 8}) {
+      const std::string dir = scratch_dir("MultiGpu" + std::to_string(world) + "_" + strategy);
+      const auto result = trainer(job(dir, strategy, world, 20, ""));
+      ASSERT_EQ(result.exit_code, 0) << strategy << " at " << world << "\n" << result.output;
+      EXPECT_EQ(devices_in(result.output).size(), static_cast<size_t>(world))
+          << "ranks shared a GPU\n"
+          << result.output;
+      // Same samples, fp32 sums in another order.
+      const auto close = trainer("compare --rtol 1e-5 " + one + " " + dir);
+      EXPECT_EQ(close.exit_code, 0) << strategy << " at " << world << "\n" << close.output;
+    }
+  }
+}
+
+TEST(MultiGpu, HybridShardingOverNcclSubGroups) {
+  REQUIRE_GPUS(8);
+  const std::string plain = scratch_dir("MultiGpuHybridPlain");
+  ASSERT_EQ(trainer(job(plain, "zero3", 8, 10, "")).exit_code, 0);
+  for (const char* strategy : {"zero1", "zero2", "zero3"}) {
+    for (const int group : {2, 4}) {
+      const std::string dir = scratch_dir("MultiGpuHybrid_" + std::string(strategy) + std::to_string(group));
+      const auto result = trainer(job(dir, strategy, 8, 10, "--set strategy.shard_group_size=" + std::to_string(group)));
+      ASSERT_EQ(result.exit_code, 0) << result.output;
+      const auto close = trainer("compare --rtol 1e-5 " + plain + " " + dir);
+      EXPECT_EQ(close.exit_code, 0) << strategy << " groups of " << group << "\n" << close.output;
+    }
+  }
+}
+
+TEST(MultiGpu, ConformanceKitAcrossRanks) {
+  REQUIRE_GPUS(8);
+  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+    const std::string dir = scratch_dir(std::string("MultiGpuKit_") + strategy);
+    const auto result = trainer(std::string("check-plugin ") + strategy +
+                                " --device cuda --backend nccl --split 4,1,2 --split 2,2,2 --split 1,2,4 "
+                                "--split 1,1,8 --report " +
+                                dir + "/report.jsonl");
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    for (const MetricsRow& row : read_metrics(dir + "/report.jsonl")) {
+      EXPECT_LE(row.at("grad_error"), 1e-5) << strategy;
+      EXPECT_LE(row.at("param_error"), 1e-4) << strategy;
+    }
+  }
+}
+
+TEST(MultiGpu, ResumesAcrossWorldSizes) {
+  REQUIRE_GPUS(4);
+  const std::string straight = scratch_dir("MultiGpuResumeStraight"), moved = scratch_dir("MultiGpuResume");
+  ASSERT_EQ(trainer(job(straight, "zero3", 4, 8, "")).exit_code, 0);
+  ASSERT_EQ(trainer(job(moved, "zero3", 4, 4, "--set checkpoint.interval=4")).exit_code, 0);
+  const auto resumed = trainer(job(moved, "zero2", 2, 8, "--set checkpoint.resume=auto"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto close = trainer("compare --rtol 1e-5 " + straight + " " + moved);
+  EXPECT_EQ(close.exit_code, 0) << close.output;
+}
+
+// TRAINER_FAULT_INJECT=checkpoint-write makes every rank die while writing
+// its first checkpoint: the job ends (no hang) naming a rank, and an earlier
+// state is never lost.
+TEST(MultiGpu, ADeadRankEndsTheJobNamingIt) {
+  REQUIRE_GPUS(2);
+  const std::string dir = scratch_dir("MultiGpuDeadRank");
+  const auto result = run_command("TRAINER_FAULT_INJECT=checkpoint-write " + std::string(TRAINER_BINARY) + " " +
+                                  job(dir, "zero2", 2, 10, "--set checkpoint.interval=2 --set distributed.timeout_s=20"));
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("exited with code 9"), std::string::npos) << result.output;
+}
+
+}  // namespace
+}  // namespace trainer
