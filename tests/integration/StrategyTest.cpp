@@ -141,7 +141,9 @@ TEST(Strategies, HybridShardingHoldsItsGroupsShareAndAgrees) {
                              (s == "zero3" ? memory_of(dir, rank, "parameter_bytes") : 0);
       const double whole = o + (s == "zero1" ? 0 : g) + (s == "zero3" ? p : 0);
       EXPECT_LE(sharded, half_of(whole)) << s << " rank " << rank;
-      EXPECT_GE(sharded, whole / 2) << s << " rank " << rank << ": half, not a quarter";
+      // The second rank of a pair may own up to 64 elements per group and
+      // state tensor fewer than half (the first holds the padding).
+      EXPECT_GE(sharded, whole / 2 - 2 * 64 * 4 * 3) << s << " rank " << rank << ": half, not a quarter";
     }
   }
   const auto result = trainer("compare --rtol 1e-5" + dirs);
@@ -172,7 +174,10 @@ TEST(Strategies, ZeroTwoHoldsAtMostTwoBucketsOfFullGradient) {
     const int64_t peak = memory_of(small, rank, "peak_transient_gradient_bytes");
     EXPECT_GE(peak, 64 * 128 * 4) << rank;
     EXPECT_LE(peak, bound) << rank;
-    EXPECT_EQ(memory_of(small, rank, "gradient_bytes"), 82496) << rank;  // the shard: a quarter in fp32
+    // The shard, a quarter of each group padded to 4 x 64 elements, in fp32:
+    // 81920 decay elements (a multiple of 256) and 576 biases and norms
+    // padded to 768.
+    EXPECT_EQ(memory_of(small, rank, "gradient_bytes"), (81920 + 768) / 4 * 4) << rank;
   }
   // Other buckets reduce the same elements in other messages: the same sums up to their order.
   const auto result = trainer("compare --rtol 1e-6 " + whole + " " + small);

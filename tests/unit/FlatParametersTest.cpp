@@ -85,8 +85,8 @@ class PosingComm final : public Comm {
   int rank_, world_;
 };
 
-// Every strategy, at every world size 1..8 and every rank: each state slice
-// starts on a multiple of kShardAlignment elements of its flat group, so the
+// Every strategy, at every world size 1..8 and every rank: each non-empty
+// state slice starts on a multiple of kShardAlignment elements of its flat group, so the
 // fused kernels' vector loads and NCCL's buffers are aligned.
 TEST(FlatParameters, EveryStrategysShardsStartOn64ElementBoundaries) {
   PluginRegistry registry;
@@ -106,6 +106,7 @@ TEST(FlatParameters, EveryStrategysShardsStartOn64ElementBoundaries) {
         const std::vector<StateSlice> slices = strategy->state_slices();
         EXPECT_FALSE(slices.empty()) << fmt::format("{} rank {} of {}", name, rank, world);
         for (const StateSlice& slice : slices) {
+          if (slice.values.numel() == 0) continue;  // a shard wholly in the padding: nothing starts there
           EXPECT_EQ(slice.offset % kShardAlignment, 0) << fmt::format(
               "{} rank {} of {}: a slice of group {} starts at {}", name, rank, world, slice.group, slice.offset);
         }

@@ -67,22 +67,25 @@ void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& grou
     }
   }
   const auto source_of = [&](const FlatSlice& slice) {
-    if (slice.group >= groups.size() || slice.offset < 0 || slice.offset > groups[slice.group].numel()) {
+    // A slice may lie partly or wholly in its group's padding (a shard past
+    // the last element: shards are padded to 64-element boundaries); only
+    // its real elements have a source.
+    if (slice.group >= groups.size() || slice.offset < 0) {
       throw TrainingError(
           fmt::format("strategy '{}': a gradient slice (group {}, offset {}) lies outside the model's "
                       "flat groups",
                       strategy_name, slice.group, slice.offset));
     }
-    const int64_t n = std::min(slice.values.numel(), groups[slice.group].numel() - slice.offset);
-    return std::make_pair(n, groups[slice.group].narrow(0, slice.offset, n));
+    const int64_t n = std::max<int64_t>(0, std::min(slice.values.numel(), groups[slice.group].numel() - slice.offset));
+    return std::make_pair(n, n == 0 ? torch::Tensor() : groups[slice.group].narrow(0, slice.offset, n));
   };
   for (const FlatSlice& slice : strategy.gradient_slices()) {
     const auto [n, source] = source_of(slice);
-    slice.values.narrow(0, 0, n).copy_(source);
+    if (n > 0) slice.values.narrow(0, 0, n).copy_(source);
   }
   for (const FlatSlice& slice : strategy.gradient_slices()) {
     const auto [n, source] = source_of(slice);
-    if (!torch::equal(slice.values.narrow(0, 0, n).to(source.dtype()), source)) refuse();
+    if (n > 0 && !torch::equal(slice.values.narrow(0, 0, n).to(source.dtype()), source)) refuse();
   }
 }
 

@@ -14,9 +14,10 @@ std::vector<ParameterGroup> flatten_parameters(const std::vector<NamedParameter>
   for (const bool decay : {true, false}) {
     ParameterGroup group;
     group.decay = decay;
-    for (const NamedParameter& p : params) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const NamedParameter& p = params[i];
       if (p.decay != decay) continue;
-      group.slots.push_back(ParameterSlot{p.name, p.tensor, group.numel, p.tensor.numel()});
+      group.slots.push_back(ParameterSlot{p.name, p.tensor, group.numel, p.tensor.numel(), i});
       group.numel += p.tensor.numel();
     }
     if (group.slots.empty()) continue;
@@ -54,8 +55,12 @@ Shard shard_of(int64_t padded_numel, int rank, int world_size) {
 }
 
 Shard unpadded(const ParameterGroup& group, const Shard& shard) {
+  // A shard wholly in the padding (shards are padded to 64-element
+  // boundaries) holds nothing, placed at the group's end, so every slice
+  // of it lies within the group.
+  const int64_t begin = std::min(shard.offset, group.numel);
   const int64_t end = std::min(shard.offset + shard.numel, group.numel);
-  return Shard{shard.offset, std::max<int64_t>(0, end - shard.offset)};
+  return Shard{begin, end - begin};
 }
 
 }  // namespace trainer

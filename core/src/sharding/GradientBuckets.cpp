@@ -3,6 +3,7 @@
 #include "trainer/sharding/GradientBuckets.h"
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -13,9 +14,11 @@ namespace trainer {
 struct GradientBuckets::State {
   std::mutex mutex;
   bool armed = false;
-  std::vector<int> ready;  // per bucket: parameters accumulated in this backward
-  std::vector<int> whole;  // per bucket: its parameter count
-  size_t next = 0;         // the next bucket owed ready(), in bucket order
+  std::vector<int> ready;         // per bucket: parameters accumulated in this backward
+  std::vector<int> whole;         // per bucket: its parameter count
+  std::vector<size_t> order;      // the order ready() delivers buckets in
+  size_t next = 0;                // the position in `order` of the next bucket owed ready()
+  std::vector<size_t> completed;  // buckets in the order they completed, this backward
   Callback first, done;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // the hooks live as long as these
 };
@@ -41,8 +44,23 @@ GradientBuckets::GradientBuckets(const std::vector<ParameterGroup>& groups, int6
     }
     if (!bucket.slots.empty()) buckets_.push_back(bucket);
   }
+  // Numbered in about the order backward completes them, the first
+  // backward's delivery order: backward reaches parameters in about reverse
+  // model order, so a bucket is complete once its first parameter in model
+  // order has its gradient. A bucket of parameters spread over every layer
+  // (biases and norms) comes last, after the buckets it spans. The order is
+  // a function of the model alone: the same on every rank.
+  auto first_position = [&](const GradientBucket& bucket) {
+    size_t first = std::numeric_limits<size_t>::max();
+    for (size_t slot : bucket.slots) first = std::min(first, groups[bucket.group].slots[slot].position);
+    return first;
+  };
+  std::stable_sort(buckets_.begin(), buckets_.end(), [&](const GradientBucket& a, const GradientBucket& b) {
+    return first_position(a) > first_position(b);
+  });
   state_->ready.assign(buckets_.size(), 0);
   for (const GradientBucket& bucket : buckets_) state_->whole.push_back(static_cast<int>(bucket.slots.size()));
+  for (size_t b = 0; b < buckets_.size(); ++b) state_->order.push_back(b);
 }
 
 void GradientBuckets::hook(const std::vector<ParameterGroup>& groups, Callback first, Callback ready) {
@@ -63,10 +81,12 @@ void GradientBuckets::hook(const std::vector<ParameterGroup>& groups, Callback f
             const int count = ++state->ready[b];
             if (count == 1 && state->first) state->first(b);
             if (count == parameters) {
-              // In bucket order: b and every complete bucket after it, once
-              // all before it were delivered.
-              while (state->next < state->ready.size() && state->ready[state->next] == state->whole[state->next]) {
-                if (state->done) state->done(state->next);
+              state->completed.push_back(b);
+              // In the agreed order: every complete bucket up to the first
+              // that is not, which holds back the ones behind it.
+              while (state->next < state->order.size() &&
+                     state->ready[state->order[state->next]] == state->whole[state->order[state->next]]) {
+                if (state->done) state->done(state->order[state->next]);
                 ++state->next;
               }
             }
@@ -82,6 +102,30 @@ void GradientBuckets::arm(bool armed) {
   state_->armed = armed;
   std::fill(state_->ready.begin(), state_->ready.end(), 0);
   state_->next = 0;
+  if (armed) state_->completed.clear();
+}
+
+const std::vector<size_t>& GradientBuckets::order() const { return state_->order; }
+
+std::vector<size_t> GradientBuckets::completion_order() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  std::vector<size_t> out = state_->completed;
+  std::vector<bool> seen(buckets_.size(), false);
+  for (size_t b : out) seen[b] = true;
+  for (size_t b : state_->order) {
+    if (!seen[b]) out.push_back(b);
+  }
+  return out;
+}
+
+void GradientBuckets::agree_on_order(Comm& comm, torch::Device device) {
+  std::vector<int64_t> mine;
+  for (size_t b : completion_order()) mine.push_back(static_cast<int64_t>(b));
+  torch::Tensor order = torch::tensor(mine, torch::kInt64).to(device);
+  if (comm.world_size() > 1 && !mine.empty()) comm.broadcast(order, 0);
+  const torch::Tensor host = order.cpu();
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  for (size_t i = 0; i < state_->order.size(); ++i) state_->order[i] = static_cast<size_t>(host[i].item<int64_t>());
 }
 
 }  // namespace trainer

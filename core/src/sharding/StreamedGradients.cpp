@@ -26,7 +26,7 @@ void StreamedGradients::backward(const torch::Tensor& loss) {
   layout_.arm(true);
   loss.backward();
   layout_.arm(false);
-  for (size_t b = 0; b < n; ++b) {
+  for (size_t b : layout_.order()) {  // the agreed order, as the hooks sent the others
     if (sent_[b]) continue;
     bind(b);
     send(b);

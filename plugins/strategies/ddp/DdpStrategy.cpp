@@ -34,6 +34,7 @@ class DdpStrategy final : public Strategy {
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
     comm_ = &comm;
+    device_ = env.device;
     adamw_ = env.adamw;
     groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/1, torch::kFloat32, env.compute_dtype);
     for (ParameterGroup& group : groups_) {
@@ -59,22 +60,21 @@ class DdpStrategy final : public Strategy {
     loss.backward();
     layout_.arm(false);
     // Buckets whose parameters took no part in this backward (on this rank:
-    // the graph may depend on the data) start now, in bucket order, after
-    // the ones the hooks started in that order: every rank issues the same
+    // the graph may depend on the data) start now, after the ones the hooks
+    // started, in the same agreed order: every rank issues the same
     // all-reduces in the same order before the loop's next collective.
     if (overlapped) {
       torch::NoGradGuard no_grad;
-      for (Bucket& bucket : buckets_) {
-        if (!bucket.work) start(bucket);
-      }
+      start_the_rest();
+      // Once: from now on buckets go in the order rank 0's gradients came.
+      if (!order_agreed_) layout_.agree_on_order(*comm_, device_);
+      order_agreed_ = true;
     }
   }
 
   double reduce_gradients_and_norm() override {
     torch::NoGradGuard no_grad;
-    for (Bucket& bucket : buckets_) {
-      if (!bucket.work) start(bucket);
-    }
+    start_the_rest();
     for (Bucket& bucket : buckets_) {
       bucket.work->wait();
       bucket.work.reset();
@@ -151,7 +151,16 @@ class DdpStrategy final : public Strategy {
   int64_t bucket_bytes_;
   bool overlap_;
   bool reduce_bf16_;
+  // The buckets not started yet, in the layout's agreed order.
+  void start_the_rest() {
+    for (size_t b : layout_.order()) {
+      if (!buckets_[b].work) start(buckets_[b]);
+    }
+  }
+
   Comm* comm_ = nullptr;
+  torch::Device device_ = torch::kCPU;
+  bool order_agreed_ = false;
   AdamWConfig adamw_;
   std::vector<ParameterGroup> groups_;
   std::vector<torch::Tensor> grads_;  // fp32 accumulators, bound as the parameters' .grad

@@ -37,6 +37,8 @@ class Zero2Strategy final : public ShardedStrategy {
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
     join(comm, env);
+    world_ = &comm;
+    device_ = env.device;
     keep_full_parameters(model, env);
     gradients_ = std::make_unique<StreamedGradients>(
         full_groups(), bucket_numel_, [this](const GradientBucket& bucket, const torch::Tensor& buffer) {
@@ -56,6 +58,10 @@ class Zero2Strategy final : public ShardedStrategy {
   void backward(const torch::Tensor& loss, const MicroStep& micro) override {
     last_micro_ = micro.is_last;
     gradients_->backward(loss);
+    // Once, over the world (the replica sums follow the same order): buckets
+    // then go in the order rank 0's gradients came.
+    if (!order_agreed_) gradients_->layout().agree_on_order(*world_, device_);
+    order_agreed_ = true;
   }
 
   MemoryReport memory() const override {
@@ -67,6 +73,9 @@ class Zero2Strategy final : public ShardedStrategy {
  private:
   int64_t bucket_numel_;
   bool last_micro_ = false;
+  bool order_agreed_ = false;
+  Comm* world_ = nullptr;
+  torch::Device device_ = torch::kCPU;
   std::unique_ptr<StreamedGradients> gradients_;
 };
 

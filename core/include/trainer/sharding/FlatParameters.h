@@ -18,6 +18,7 @@ struct ParameterSlot {
   torch::Tensor param;  ///< the model's tensor, now a view of the flat buffer
   int64_t offset = 0;
   int64_t numel = 0;
+  size_t position = 0;  ///< its index in Model::parameters()
 };
 
 /// Parameters with the same weight-decay setting, stored back to back.
@@ -71,7 +72,8 @@ inline constexpr int64_t kShardAlignment = 64;
 inline int64_t shard_padding(int world_size) { return static_cast<int64_t>(world_size) * kShardAlignment; }
 
 /// The part of `shard` that holds real elements of `group` (not padding):
-/// same offset, numel clipped at group.numel (possibly 0).
+/// same offset, numel clipped at group.numel; a shard wholly in the padding
+/// gives an empty one at group.numel.
 Shard unpadded(const ParameterGroup& group, const Shard& shard);
 
 }  // namespace trainer

@@ -43,6 +43,10 @@ class StreamedGradients {
   /// The most bytes of bucket buffers live at once so far.
   int64_t peak_bytes() const { return peak_bytes_; }
 
+  /// The buckets; their order is agreed with agree_on_order() (collective)
+  /// after a first backward.
+  GradientBuckets& layout() { return layout_; }
+
  private:
   void first_gradient(size_t b);
   void bind(size_t b);
