@@ -83,17 +83,17 @@ std::vector<std::string> run_args(const std::string& dir, const std::vector<std:
   return args;
 }
 
-// Rank 0's final write takes 4 s, distributed.timeout_s is 1: every rank
+// Rank 0's final write takes 8 s, distributed.timeout_s is 4: every rank
 // waits for it on the host (no collective times out), the launcher stops
 // nobody, and the weights equal those of a run without the delay.
 TEST(SeveralRanks, SlowFinalWriteOutlastingTheTimeoutEndsWithEveryRankDone) {
   const std::string plain = scratch_dir("SlowFinalPlain"), slow = scratch_dir("SlowFinal");
-  const std::vector<std::string> keys = {"training.steps=3", "distributed.timeout_s=1"};
+  const std::vector<std::string> keys = {"training.steps=3", "distributed.timeout_s=4"};
   Job reference(run_args(plain, keys), plain + "/log.txt", {});
   ASSERT_EQ(reference.wait(), 0) << read_file(plain + "/log.txt");
   const std::string marker = slow + "/writing";
   Job job(run_args(slow, keys), slow + "/log.txt",
-          {"TRAINER_FAULT_INJECT=slow-final-write", "TRAINER_FAULT_DELAY_S=4", "TRAINER_FAULT_MARKER=" + marker});
+          {"TRAINER_FAULT_INJECT=slow-final-write", "TRAINER_FAULT_DELAY_S=8", "TRAINER_FAULT_MARKER=" + marker});
   ASSERT_EQ(job.wait(), 0) << read_file(slow + "/log.txt");
   EXPECT_TRUE(fs::exists(marker)) << "the write was not slowed down";
   EXPECT_FALSE(fs::exists(slow + "/model.safetensors.tmp"));
@@ -105,12 +105,12 @@ TEST(SeveralRanks, SlowFinalWriteOutlastingTheTimeoutEndsWithEveryRankDone) {
 // says so, and the job ends 0 with whole weights.
 TEST(SeveralRanks, StopSignalDuringTheFinalWriteLetsItFinish) {
   const std::string plain = scratch_dir("SignalFinalPlain"), dir = scratch_dir("SignalFinal");
-  const std::vector<std::string> keys = {"training.steps=3", "distributed.timeout_s=1"};
+  const std::vector<std::string> keys = {"training.steps=3", "distributed.timeout_s=4"};
   Job reference(run_args(plain, keys), plain + "/log.txt", {});
   ASSERT_EQ(reference.wait(), 0) << read_file(plain + "/log.txt");
   const std::string marker = dir + "/writing";
   Job job(run_args(dir, keys), dir + "/log.txt",
-          {"TRAINER_FAULT_INJECT=slow-final-write", "TRAINER_FAULT_DELAY_S=4", "TRAINER_FAULT_MARKER=" + marker});
+          {"TRAINER_FAULT_INJECT=slow-final-write", "TRAINER_FAULT_DELAY_S=8", "TRAINER_FAULT_MARKER=" + marker});
   ASSERT_TRUE(appears(marker)) << read_file(dir + "/log.txt");
   job.signal(SIGTERM);
   const int code = job.wait();

@@ -145,6 +145,7 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
 
   struct sigaction action {};
   action.sa_handler = remember_signal;
+  action.sa_flags = SA_RESTART;  // interrupted system calls resume; the loop reads the flag
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
 
@@ -164,10 +165,13 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
     for (std::string& entry : environment) envp.push_back(entry.data());
     envp.push_back(nullptr);
     const std::string exec_failed = fmt::format("worker {}: exec of /proc/self/exe failed\n", rank);
+    const pid_t launcher = getpid();
     const pid_t pid = fork();
     if (pid < 0) throw TrainingError(fmt::format("cannot start worker {}: {}", rank, std::strerror(errno)));
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // a worker never outlives the launcher
+      // The launcher may have died between fork and prctl: no signal would come.
+      if (getppid() != launcher) _exit(1);
       execve("/proc/self/exe", child_argv.data(), envp.data());
       [[maybe_unused]] const ssize_t written = write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
       _exit(127);
@@ -211,6 +215,7 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
     }
   };
   Clock::time_point stop_sent{};
+  Clock::time_point settle_until{};                 // after a failure: SIGTERM to the rest once this passes
   auto grace = std::chrono::duration<double>(5.0);  // SIGTERM to SIGKILL after a failure
   while (running > 0) {
     int status = 0;
@@ -230,8 +235,11 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
         log::error(fmt::format("rank {} {}; stopping the other {} worker(s)", rank, how_it_ended(status), running));
         exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
         stopping = true;
-        stop_sent = Clock::now();
-        stop_all(SIGTERM);
+        // The others get a moment to end by themselves first: a peer's lost
+        // connection often ends a rank before the rank whose bad input
+        // caused it has exited with its own code and message.
+        settle_until = Clock::now() + std::chrono::seconds(3);
+        stop_sent = settle_until;
       } else if (failed(status) && !g_forwarded) {
         // A peer's lost connection often ends a rank before the rank whose
         // bad input caused it is reaped: bad input (exit 2) is the job's.
@@ -260,6 +268,10 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
       stopping = true;
       stop_sent = now;
       stop_all(SIGTERM);
+    }
+    if (settle_until != Clock::time_point{} && now >= settle_until) {
+      stop_all(SIGTERM);
+      settle_until = Clock::time_point{};
     }
     if (stopping && now - stop_sent > grace) {
       if (writer_busy()) {
