@@ -305,5 +305,46 @@ TEST(HostileInput, ExportNeverReplacesWeightsAlreadyWritten) {
   EXPECT_TRUE(says(result, "already holds a model.safetensors")) << result.output;
 }
 
+// A checkpoint past training.steps: resuming it would report steps it never
+// ran (summary.json said steps 3, applied_updates 6). Refused naming the key.
+TEST(HostileInput, ResumingACheckpointPastTheLastStepIsRefused) {
+  const std::string dir = scratch_dir("ResumePastEnd");
+  ASSERT_EQ(run(dir, "--set training.steps=6 --set checkpoint.interval=6").exit_code, 0);
+  const auto result = run(dir, "--set training.steps=3 --set checkpoint.resume=auto");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "training.steps")) << result.output;
+  EXPECT_TRUE(says(result, "the resumed checkpoint's step 6")) << result.output;
+}
+
+// distributed.timeout_s converts to int64 milliseconds: a bound keeps it far
+// inside (9.3e15 s would overflow).
+TEST(HostileInput, AnUnboundedTimeoutIsRefused) {
+  const auto result = trainer("validate " + kQuickstart + " --set distributed.timeout_s=1e16");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "distributed.timeout_s")) << result.output;
+}
+
+// trainer_plugin_v1 exported as a function, as a null pointer, or a
+// describe() that throws an int: each is named (exit 2), where calling
+// through them crashed or aborted every command that scanned the directory.
+TEST(HostileInput, AWronglyExportedEntryPointIsNamedNotACrash) {
+  const std::string dir = scratch_dir("HiEntryPoint");
+  const std::string fixtures = std::string(TRAINER_FIXTURE_DIR) + "/bad-entry/trainer-fixture-bad-entry-";
+  for (const auto& [which, message] : std::vector<std::pair<std::string, std::string>>{
+           {"1", "is a function, not the pointer TRAINER_PLUGIN exports"},
+           {"2", "is a null pointer"},
+           {"3", "describe() threw something that is not a std::exception"}}) {
+    const std::string file = fixtures + which + ".so";
+    const std::string recipe = write_file(dir + "/recipe.toml",
+                                          "[model]\nname = 'qwen2'\n[dataset]\nname = "
+                                          "'synthetic'\n[[logger]]\nname = '" +
+                                              file + "'\n");
+    const CommandResult result = trainer("validate " + recipe);
+    EXPECT_EQ(result.exit_code, 2) << file << "\n" << result.output;
+    EXPECT_TRUE(says(result, file)) << result.output;
+    EXPECT_TRUE(says(result, message)) << result.output;
+  }
+}
+
 }  // namespace
 }  // namespace trainer

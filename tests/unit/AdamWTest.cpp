@@ -1,5 +1,6 @@
 // AdamW on flat buffers against an independent element-by-element fp64
 // implementation of the torch.optim.AdamW update rule.
+#include "trainer/Comm.h"
 #include "trainer/sharding/AdamW.h"
 
 #include <gtest/gtest.h>
@@ -69,6 +70,38 @@ TEST(GradientNorm, SquaredNormAndClipCoefficient) {
   EXPECT_DOUBLE_EQ(clip_coefficient(10.0, 1.0), 1.0 / (10.0 + 1e-6));
   EXPECT_DOUBLE_EQ(clip_coefficient(0.5, 1.0), 1.0);
   EXPECT_DOUBLE_EQ(clip_coefficient(100.0, 0.0), 1.0);
+}
+
+// sharded_norm is collective: a rank that owns nothing must still take part.
+// Without a device it cannot, and says so instead of returning alone (which
+// left the other ranks waiting in their all-reduce).
+TEST(AdamW, ShardedNormOnARankThatOwnsNothingTakesPart) {
+  class CountingComm final : public Comm {
+   public:
+    void connect(const CommSetup&) override {}
+    int rank() const override { return 1; }
+    int world_size() const override { return 2; }
+    std::unique_ptr<CommWork> all_reduce_sum_async(torch::Tensor t) override {
+      ++all_reduces;
+      t.fill_(9.0);  // the other rank's squares
+      return std::make_unique<Done>();
+    }
+    std::unique_ptr<CommWork> reduce_scatter_sum_async(torch::Tensor, torch::Tensor) override { return nullptr; }
+    std::unique_ptr<CommWork> all_gather_async(torch::Tensor, torch::Tensor) override { return nullptr; }
+    std::unique_ptr<CommWork> broadcast_async(torch::Tensor, int) override { return nullptr; }
+    std::unique_ptr<CommWork> reduce_sum_async(torch::Tensor, int) override { return nullptr; }
+    void barrier() override {}
+    int all_reduces = 0;
+
+   private:
+    struct Done final : CommWork {
+      void wait() override {}
+    };
+  } comm;
+  EXPECT_DOUBLE_EQ(sharded_norm({}, comm, torch::kCPU), 3.0);
+  EXPECT_EQ(comm.all_reduces, 1);
+  EXPECT_THROW(sharded_norm({}, comm), std::logic_error);
+  EXPECT_EQ(comm.all_reduces, 1);
 }
 
 }  // namespace

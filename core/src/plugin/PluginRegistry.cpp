@@ -77,6 +77,42 @@ void check_elf(const std::string& path) {
   }
 }
 
+// The permissions ("r-xp", ...) of the mapping of this process that holds
+// `address`; "" when none does.
+std::string mapping_permissions(const void* address) {
+  std::ifstream maps("/proc/self/maps");
+  const auto at = reinterpret_cast<uintptr_t>(address);
+  for (std::string line; std::getline(maps, line);) {
+    unsigned long begin = 0, end = 0;
+    char permissions[5] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &begin, &end, permissions) == 3 && at >= begin && at < end) {
+      return permissions;
+    }
+  }
+  return "";
+}
+
+// TRAINER_PLUGIN exports a pointer variable to the describe function. A
+// library that exports a function of that name, or a null or stray pointer,
+// would crash the process when called: each is named instead.
+DescribeFn* checked_entry_point(const boost::dll::shared_library& library, const std::string& file) {
+  const void* symbol = &library.get<char>(kEntryPoint);
+  const std::string where = mapping_permissions(symbol);
+  if (where.size() > 2 && where[2] == 'x') {
+    throw InputError(
+        fmt::format("{}: '{}' is a function, not the pointer TRAINER_PLUGIN exports; declare the entry "
+                    "point with TRAINER_PLUGIN or TRAINER_DEFINE_PLUGIN",
+                    file, kEntryPoint));
+  }
+  DescribeFn* describe = *static_cast<DescribeFn* const*>(symbol);
+  const std::string target = describe ? mapping_permissions(reinterpret_cast<const void*>(describe)) : "";
+  if (target.size() < 3 || target[2] != 'x') {
+    throw InputError(fmt::format("{}: '{}' {} (declare it with TRAINER_PLUGIN or TRAINER_DEFINE_PLUGIN)", file,
+                                 kEntryPoint, describe ? "points outside any code" : "is a null pointer"));
+  }
+  return describe;
+}
+
 LoadedPlugin load_library(const std::string& path) {
   std::error_code exists_error;
   if (!fs::exists(path, exists_error)) {
@@ -96,8 +132,16 @@ LoadedPlugin load_library(const std::string& path) {
         fmt::format("{}: not a trainer plugin: it exports no '{}' entry point (declare one with TRAINER_PLUGIN)",
                     canonical, kEntryPoint));
   }
-  DescribeFn& describe = library.get_alias<DescribeFn>(kEntryPoint);
-  const PluginDescriptor* descriptor = describe();
+  DescribeFn* describe = checked_entry_point(library, canonical);
+  const PluginDescriptor* descriptor = nullptr;
+  try {
+    descriptor = describe();
+  } catch (const std::exception& error) {
+    throw InputError(fmt::format("{}: the plugin's describe() threw: {}", canonical, error.what()));
+  } catch (...) {
+    throw InputError(
+        fmt::format("{}: the plugin's describe() threw something that is not a std::exception", canonical));
+  }
   if (descriptor == nullptr) {
     throw InputError(fmt::format("{}: the plugin's entry point returned no descriptor", canonical));
   }

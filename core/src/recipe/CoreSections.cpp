@@ -63,7 +63,8 @@ constexpr KeySpec kDistributedKeys[] = {
      "another"},
     {"nproc", VT::Int, "1", "local worker processes `trainer run` starts (ignored under an external launcher)", 1,
      4096},
-    {"timeout_s", VT::Float, "300", "a collective or peer silent this long ends the job", 1, kInf},
+    // At most 1e7 s (116 days): the millisecond count stays far inside int64.
+    {"timeout_s", VT::Float, "300", "a collective or peer silent this long ends the job", 1, 1e7},
 };
 
 constexpr KeySpec kCheckpointKeys[] = {

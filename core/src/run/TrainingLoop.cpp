@@ -48,6 +48,7 @@ class StopSignals {
   StopSignals() {
     struct sigaction action {};
     action.sa_handler = request_stop;
+    action.sa_flags = SA_RESTART;  // a write or read in flight resumes; the loop reads the flag
     sigaction(SIGTERM, &action, &old_term_);
     sigaction(SIGINT, &action, &old_int_);
     g_stop_signal.store(0);
@@ -293,6 +294,11 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   TrainingPosition position;
   int64_t from_step = 0;
   const std::string from = checkpointer.resolve(policy.resume, *run.comm, &from_step);
+  if (from_step > config.steps) {
+    recipe.training.fail("steps", fmt::format("at least the resumed checkpoint's step {} ({}); a run never ends "
+                                              "before the step it resumes from",
+                                              from_step, from));
+  }
   if (!from.empty()) {
     position = checkpointer.load(from, *run.strategy, *run.model, *run.comm, from_step);
     if (run.exact && !position.gradient_exponents.empty()) run.exact->set_exponents(position.gradient_exponents);

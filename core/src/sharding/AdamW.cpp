@@ -152,10 +152,19 @@ double squared_norm(const torch::Tensor& flat) {
 }
 
 double sharded_norm(const std::vector<torch::Tensor>& owned, Comm& comm) {
+  if (owned.empty() && comm.world_size() > 1) {
+    throw std::logic_error(
+        "sharded_norm: collective, and this rank owns no tensors to take the device from: pass its device "
+        "(sharded_norm(owned, comm, device))");
+  }
+  return sharded_norm(owned, comm, owned.empty() ? torch::Device(torch::kCPU) : owned.front().device());
+}
+
+double sharded_norm(const std::vector<torch::Tensor>& owned, Comm& comm, torch::Device device) {
   double squares = 0.0;
   for (const torch::Tensor& part : owned) squares += squared_norm(part);
-  if (comm.world_size() == 1 || owned.empty()) return std::sqrt(squares);
-  torch::Tensor total = torch::tensor({squares}, torch::kFloat64).to(owned.front().device());
+  if (comm.world_size() == 1) return std::sqrt(squares);
+  torch::Tensor total = torch::tensor({squares}, torch::kFloat64).to(device);
   comm.all_reduce_sum(total);
   return std::sqrt(total.item<double>());
 }

@@ -48,6 +48,17 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   data_ = mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
   if (data_ == MAP_FAILED) throw InputError(fmt::format("{}: cannot map: {}", path, std::strerror(errno)));
+  try {
+    read_header();
+  } catch (...) {
+    munmap(data_, bytes_);  // the destructor does not run for a constructor that throws
+    data_ = nullptr;
+    throw;
+  }
+}
+
+void SafetensorsReader::read_header() {
+  const std::string& path = path_;
   uint64_t header_bytes = 0;
   std::memcpy(&header_bytes, data_, 8);
   if (header_bytes > bytes_ - 8) {

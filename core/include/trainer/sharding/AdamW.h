@@ -50,8 +50,12 @@ double squared_norm(const torch::Tensor& flat);
 
 /// The L2 norm of a gradient sharded across ranks: each rank passes the
 /// parts it owns (disjoint across ranks, padding excluded); squares are
-/// summed in fp64 and all-reduced (contract, point 5). Collective.
+/// summed in fp64 and all-reduced (contract, point 5). Collective: every
+/// rank calls it, also one that owns nothing, which passes its device (the
+/// sum travels there). Without `device`, `owned` must not be empty at world
+/// size > 1 (std::logic_error instead of a hang of the other ranks).
 double sharded_norm(const std::vector<torch::Tensor>& owned, Comm& comm);
+double sharded_norm(const std::vector<torch::Tensor>& owned, Comm& comm, torch::Device device);
 
 /// torch.nn.utils.clip_grad_norm_'s coefficient: max_norm / (norm + 1e-6),
 /// capped at 1; 1 when max_norm <= 0 (clipping off).

@@ -35,6 +35,7 @@ class SafetensorsReader {
     size_t begin = 0, end = 0;
   };
   const Entry* find(const std::string& name) const;
+  void read_header();  // the entries, from the mapped file
 
   std::string path_;
   void* data_ = nullptr;
