@@ -24,9 +24,9 @@ echo "built: $(grep -c warning "$out/build.log") warning lines"
 status=0
 for stage in $stages; do
   case $stage in
-    tests) (cd build-gpu && ctest -L 'gpu|unit' --output-on-failure) >"$out/ctest.log" 2>&1 || status=1
+    tests) (cd build-gpu && ctest -L '^(gpu|unit)$' --output-on-failure) >"$out/ctest.log" 2>&1 || status=1
            grep -E "tests passed|Failed|FAILED|\*\*\*" "$out/ctest.log" | head -30 ;;
-    multigpu) (cd build-gpu && ctest -L multigpu --output-on-failure) >"$out/multigpu.log" 2>&1 || status=1
+    multigpu) (cd build-gpu && ctest -L '^multigpu$' --output-on-failure) >"$out/multigpu.log" 2>&1 || status=1
            grep -E "tests passed|Failed|FAILED|\*\*\*" "$out/multigpu.log" | head -30 ;;
     hf) python3 bench/hf_logits_check.py --trainer build-gpu/bin/trainer --device cuda 2>&1 | tail -4 || status=1 ;;
     tb) python3 bench/tensorboard_check.py --trainer build-gpu/bin/trainer 2>&1 | tail -12 || status=1 ;;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test (GoogleTest via CTest).
-#   scripts/test.sh [ctest options, e.g. -R Recipe or -L gpu]
+#   scripts/test.sh [ctest options, e.g. -R Recipe or -L '^gpu$']
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
@@ -14,4 +14,9 @@ if ! command -v chromium >/dev/null; then
 fi
 "$root/scripts/build.sh"
 cd "$root/build"
-ctest --output-on-failure -j "${TRAINER_TEST_JOBS:-2}" "$@"
+status=0
+ctest --output-on-failure -j "${TRAINER_TEST_JOBS:-2}" "$@" | tee "$root/build/ctest-output.log" || status=1
+# ctest counts a skipped test as passed: name them.
+skipped=$(grep -E '\*\*\*Skipped|Not Run' "$root/build/ctest-output.log" | sed -E 's/.*Test +#[0-9]+: ([^ ]+).*/\1/' || true)
+echo "test.sh: $(printf '%s' "$skipped" | grep -c . || true) test(s) skipped${skipped:+: $(echo $skipped)}"
+exit $status

@@ -229,7 +229,11 @@ TEST(ConformanceThirdParty, StrategiesFoundThroughPluginDirAreCheckedAtEveryWorl
 }
 
 TEST(ConformanceGpu, EveryStrategyOnCudaOverNcclMatchesTheReference) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+#ifdef TRAINER_TESTS_HAVE_CUDA
+  if (!torch::cuda::is_available()) FAIL() << "a CUDA build, but this machine shows no CUDA device";
+#else
+  GTEST_SKIP() << "a build without CUDA";
+#endif
   for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
     const std::string dir = scratch_dir(std::string("ConformanceGpu_") + strategy);
     const auto result = trainer(std::string("check-plugin ") + strategy +

@@ -16,10 +16,10 @@ namespace trainer {
 namespace {
 
 // Fails the test (not a skip) when fewer than `n` GPUs are visible.
-#define REQUIRE_GPUS(n)                                                                                   \
-  if (static_cast<int>(torch::cuda::device_count()) < (n)) {                                              \
-    FAIL() << "needs " << (n) << " GPUs, this machine shows " << torch::cuda::device_count()              \
-           << " (run the multigpu label on a machine with enough, or leave it out: ctest -LE multigpu)"; \
+#define REQUIRE_GPUS(n)                                                                                        \
+  if (static_cast<int>(torch::cuda::device_count()) < (n)) {                                                   \
+    FAIL() << "needs " << (n) << " GPUs, this machine shows " << static_cast<int>(torch::cuda::device_count()) \
+           << " (run the multigpu label on a machine with enough, or leave it out: ctest -LE multigpu)";       \
   }
 
 const std::string kOnCuda = " --set run.device=cuda --set distributed.backend=nccl --set distributed.timeout_s=120";
@@ -50,9 +50,8 @@ TEST(MultiGpu, EveryStrategyOnSeveralGpusTrainsLikeOne) {
       const std::string dir = scratch_dir("MultiGpu" + std::to_string(world) + "_" + strategy);
       const auto result = trainer(job(dir, strategy, world, 20, ""));
       ASSERT_EQ(result.exit_code, 0) << strategy << " at " << world << "\n" << result.output;
-      EXPECT_EQ(devices_in(result.output).size(), static_cast<size_t>(world))
-          << "ranks shared a GPU\n"
-          << result.output;
+      EXPECT_EQ(devices_in(result.output).size(), static_cast<size_t>(world)) << "ranks shared a GPU\n"
+                                                                              << result.output;
       // Same samples, fp32 sums in another order.
       const auto close = trainer("compare --rtol 1e-5 " + one + " " + dir);
       EXPECT_EQ(close.exit_code, 0) << strategy << " at " << world << "\n" << close.output;
@@ -67,7 +66,8 @@ TEST(MultiGpu, HybridShardingOverNcclSubGroups) {
   for (const char* strategy : {"zero1", "zero2", "zero3"}) {
     for (const int group : {2, 4}) {
       const std::string dir = scratch_dir("MultiGpuHybrid_" + std::string(strategy) + std::to_string(group));
-      const auto result = trainer(job(dir, strategy, 8, 10, "--set strategy.shard_group_size=" + std::to_string(group)));
+      const auto result =
+          trainer(job(dir, strategy, 8, 10, "--set strategy.shard_group_size=" + std::to_string(group)));
       ASSERT_EQ(result.exit_code, 0) << result.output;
       const auto close = trainer("compare --rtol 1e-5 " + plain + " " + dir);
       EXPECT_EQ(close.exit_code, 0) << strategy << " groups of " << group << "\n" << close.output;
@@ -108,10 +108,22 @@ TEST(MultiGpu, ResumesAcrossWorldSizes) {
 TEST(MultiGpu, ADeadRankEndsTheJobNamingIt) {
   REQUIRE_GPUS(2);
   const std::string dir = scratch_dir("MultiGpuDeadRank");
-  const auto result = run_command("TRAINER_FAULT_INJECT=checkpoint-write " + std::string(TRAINER_BINARY) + " " +
-                                  job(dir, "zero2", 2, 10, "--set checkpoint.interval=2 --set distributed.timeout_s=20"));
+  const auto result =
+      run_command("TRAINER_FAULT_INJECT=checkpoint-write " + std::string(TRAINER_BINARY) + " " +
+                  job(dir, "zero2", 2, 10, "--set checkpoint.interval=2 --set distributed.timeout_s=20"));
   EXPECT_NE(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("exited with code 9"), std::string::npos) << result.output;
+}
+
+// The overlap benchmark over real NCCL at 8 ranks (bench/overlap_nccl.py):
+// overlap on and off give identical losses (it exits 1 otherwise); its step
+// times are figures for bench/README, not asserted here.
+TEST(MultiGpu, OverlapBenchmarkOverNcclChangesNoBits) {
+  REQUIRE_GPUS(8);
+  const auto result = run_command("python3 " + source_path("bench/overlap_nccl.py") + " --trainer " +
+                                  std::string(TRAINER_BINARY) + " --nproc 8 --layers 4 --hidden 1024 --steps 6");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(result.output.find("| False |"), std::string::npos) << result.output;
 }
 
 }  // namespace

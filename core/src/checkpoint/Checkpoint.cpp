@@ -216,7 +216,8 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
 
 void Checkpointer::verify(const std::string& dir) {
   const Json manifest = trainer::manifest::read(dir);
-  for (const Json& f : member(manifest, "files", fs::path(dir) / "manifest.json")) verify_file(dir, manifest, f);
+  const fs::path file = fs::path(dir) / "manifest.json";  // named: a temporary here warns (-Wdangling-reference)
+  for (const Json& f : member(manifest, "files", file)) verify_file(dir, manifest, f);
 }
 
 std::string Checkpointer::resolve(const std::string& resume, Comm& comm, int64_t* step) const {
