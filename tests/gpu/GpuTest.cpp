@@ -13,10 +13,13 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "TestSupport.h"
+#include "checkpoint/Checkpoint.h"
 #include "gpu/GpuTestSupport.h"
+#include "kit/Reference.h"
 #include "plugin/PluginRegistry.h"
 #include "trainer/Comm.h"
 #include "trainer/Errors.h"
+#include "trainer/Strategy.h"
 
 namespace trainer {
 namespace {
@@ -183,6 +186,41 @@ TEST(NcclComm, AnAbortAbortsEveryCommunicatorOfTheProcess) {
   torch::cuda::synchronize();
   group.reset();
   comm.reset();
+}
+
+// A rank that holds no state slice still meets the others in a checkpoint's
+// collectives, on the run's device: with its tensors on the CPU (where the
+// first slice's device was taken from before), nccl refused them. At one
+// rank, a strategy that holds nothing reaches the coverage check, which
+// names the missing range, instead of nccl's refusal.
+TEST(NcclComm, ACheckpointOfARankWithoutStateUsesTheRunsDevice) {
+  REQUIRE_CUDA();
+  class HoldsNothing final : public Strategy {
+   public:
+    void setup(Model&, Comm&, const StrategyEnv&) override {}
+    void backward(const torch::Tensor&, const MicroStep&) override {}
+    double reduce_gradients_and_norm() override { return 0.0; }
+    void apply_update(const UpdateArgs&) override {}
+    void discard_gradients() override {}
+    MemoryReport memory() const override { return {}; }
+    std::vector<FlatSlice> gradient_slices() const override { return {}; }
+    std::vector<FlatSlice> parameter_slices() const override { return {}; }
+    std::vector<StateSlice> state_slices() override { return {}; }
+    void state_loaded() override {}
+  } strategy;
+  PluginRegistry registry;
+  registry.discover({TRAINER_PLUGIN_DIR});
+  std::unique_ptr<Model> model = kit::make_model(registry);
+  const std::unique_ptr<Comm> comm = nccl_at_one_rank(std::chrono::seconds(30));
+  Checkpointer checkpointer(scratch_dir("NoStateCheckpoint"), 1, "test", "holds-nothing", kCuda);
+  try {
+    checkpointer.save(strategy, *model, *comm, TrainingPosition{1, 1, {}});
+    FAIL() << "a checkpoint of nothing was written";
+  } catch (const std::logic_error& error) {
+    EXPECT_NE(std::string(error.what()).find("no rank holds elements"), std::string::npos) << error.what();
+  } catch (const std::exception& error) {
+    FAIL() << "the collectives failed: " << error.what();
+  }
 }
 
 // One GPU per task (Slurm's --gpus-per-task=1, or CUDA_VISIBLE_DEVICES of
