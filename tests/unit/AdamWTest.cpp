@@ -1,11 +1,12 @@
 // AdamW on flat buffers against an independent element-by-element fp64
 // implementation of the torch.optim.AdamW update rule.
-#include "trainer/Comm.h"
 #include "trainer/sharding/AdamW.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+
+#include "unit/StubComm.h"
 
 namespace trainer {
 namespace {
@@ -76,28 +77,8 @@ TEST(GradientNorm, SquaredNormAndClipCoefficient) {
 // Without a device it cannot, and says so instead of returning alone (which
 // left the other ranks waiting in their all-reduce).
 TEST(AdamW, ShardedNormOnARankThatOwnsNothingTakesPart) {
-  class CountingComm final : public Comm {
-   public:
-    void connect(const CommSetup&) override {}
-    int rank() const override { return 1; }
-    int world_size() const override { return 2; }
-    std::unique_ptr<CommWork> all_reduce_sum_async(torch::Tensor t) override {
-      ++all_reduces;
-      t.fill_(9.0);  // the other rank's squares
-      return std::make_unique<Done>();
-    }
-    std::unique_ptr<CommWork> reduce_scatter_sum_async(torch::Tensor, torch::Tensor) override { return nullptr; }
-    std::unique_ptr<CommWork> all_gather_async(torch::Tensor, torch::Tensor) override { return nullptr; }
-    std::unique_ptr<CommWork> broadcast_async(torch::Tensor, int) override { return nullptr; }
-    std::unique_ptr<CommWork> reduce_sum_async(torch::Tensor, int) override { return nullptr; }
-    void barrier() override {}
-    int all_reduces = 0;
-
-   private:
-    struct Done final : CommWork {
-      void wait() override {}
-    };
-  } comm;
+  // The other rank's squares: 9.
+  testing::StubComm comm(1, 2, [](torch::Tensor& t) { t.fill_(9.0); });
   EXPECT_DOUBLE_EQ(sharded_norm({}, comm, torch::kCPU), 3.0);
   EXPECT_EQ(comm.all_reduces, 1);
   EXPECT_THROW(sharded_norm({}, comm), std::logic_error);

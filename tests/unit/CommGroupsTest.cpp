@@ -10,6 +10,7 @@
 #include "trainer/Comm.h"
 #include "trainer/Errors.h"
 #include "trainer/sharding/ShardedAdamW.h"
+#include "unit/StubComm.h"
 
 namespace trainer {
 namespace {
@@ -131,18 +132,7 @@ TEST(CommGroups, AShardGroupSizeThatDoesNotDivideTheWorldIsNamed) {
 }
 
 TEST(CommGroups, ABackendWithoutSubGroupsSaysSo) {
-  class Minimal final : public Comm {
-   public:
-    void connect(const CommSetup&) override {}
-    int rank() const override { return 0; }
-    int world_size() const override { return 4; }
-    std::unique_ptr<CommWork> all_reduce_sum_async(torch::Tensor) override { return nullptr; }
-    std::unique_ptr<CommWork> reduce_scatter_sum_async(torch::Tensor, torch::Tensor) override { return nullptr; }
-    std::unique_ptr<CommWork> all_gather_async(torch::Tensor, torch::Tensor) override { return nullptr; }
-    std::unique_ptr<CommWork> broadcast_async(torch::Tensor, int) override { return nullptr; }
-    std::unique_ptr<CommWork> reduce_sum_async(torch::Tensor, int) override { return nullptr; }
-    void barrier() override {}
-  } minimal;
+  testing::StubComm minimal(0, 4);
   try {
     const ShardGroups groups(minimal, 2, "zero1");
     FAIL() << "split without sub-groups";

@@ -9,8 +9,8 @@
 #include "kit/Reference.h"
 #include "plugin/PluginRegistry.h"
 #include "recipe/Recipe.h"
-#include "trainer/Comm.h"
 #include "trainer/Strategy.h"
+#include "unit/StubComm.h"
 
 namespace trainer {
 namespace {
@@ -62,29 +62,6 @@ TEST(Shard, ShardsTileTheBuffer) {
   EXPECT_THROW(shard_of(10, 0, 4), std::logic_error);
 }
 
-// Rank `rank` of `world` ranks to a strategy's set-up; every collective
-// completes at once without moving data (only the layout is looked at).
-class PosingComm final : public Comm {
- public:
-  PosingComm(int rank, int world) : rank_(rank), world_(world) {}
-  void connect(const CommSetup&) override {}
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_; }
-  std::unique_ptr<CommWork> all_reduce_sum_async(torch::Tensor) override { return done(); }
-  std::unique_ptr<CommWork> reduce_scatter_sum_async(torch::Tensor, torch::Tensor) override { return done(); }
-  std::unique_ptr<CommWork> all_gather_async(torch::Tensor, torch::Tensor) override { return done(); }
-  std::unique_ptr<CommWork> broadcast_async(torch::Tensor, int) override { return done(); }
-  std::unique_ptr<CommWork> reduce_sum_async(torch::Tensor, int) override { return done(); }
-  void barrier() override {}
-
- private:
-  struct Done final : CommWork {
-    void wait() override {}
-  };
-  static std::unique_ptr<CommWork> done() { return std::make_unique<Done>(); }
-  int rank_, world_;
-};
-
 // Every strategy, at every world size 1..8 and every rank: each non-empty
 // state slice starts on a multiple of kShardAlignment elements of its flat group, so the
 // fused kernels' vector loads and NCCL's buffers are aligned.
@@ -95,7 +72,7 @@ TEST(FlatParameters, EveryStrategysShardsStartOn64ElementBoundaries) {
     const LoadedPlugin& plugin = registry.find(PluginKind::Strategy, name);
     for (int world = 1; world <= 8; ++world) {
       for (int rank = 0; rank < world; ++rank) {
-        PosingComm comm(rank, world);
+        testing::StubComm comm(rank, world);
         std::unique_ptr<Model> model = kit::make_model(registry);
         Context context;
         context.rank = rank;

@@ -136,6 +136,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   const bool disk_full = fault && std::string(fault) == "disk-full";
   for (const torch::Tensor& t : host) {
     const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+    if (bytes == 0) continue;  // an empty tensor has no storage (fwrite's buffer must not be null)
     if (disk_full && ok) {
       std::fwrite(t.data_ptr(), 1, bytes / 2, out);
       errno = ENOSPC;
