@@ -17,9 +17,9 @@ namespace trainer {
 /// buffers with Tensor::set_data(), so a model must keep using these same
 /// tensor objects in forward() and never re-create them.
 struct NamedParameter {
-  std::string name;       ///< as Hugging Face names it, e.g. "model.norm.weight"
-  torch::Tensor tensor;   ///< a leaf that requires grad
-  bool decay = true;      ///< weight decay applies (matrices), or not (biases, norms)
+  std::string name;      ///< as Hugging Face names it, e.g. "model.norm.weight"
+  torch::Tensor tensor;  ///< a leaf that requires grad
+  bool decay = true;     ///< weight decay applies (matrices), or not (biases, norms)
 };
 
 /// One micro-batch after collation: [batch, seq_len] int64 tensors on the
