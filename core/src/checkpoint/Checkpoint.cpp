@@ -319,14 +319,9 @@ std::vector<torch::Tensor> checkpoint_state(const std::string& dir, const char* 
   return out;
 }
 
-TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm,
-                                    int64_t expected_step) {
+TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm) {
   const Json manifest = trainer::manifest::read(dir);
   const fs::path file = fs::path(dir) / "manifest.json";
-  if (expected_step >= 0 && member(manifest, "step", file).get<int64_t>() != expected_step) {
-    throw InputError(fmt::format("{}: rank {} reads step {}, rank 0 chose step {}", file.string(), comm.rank(),
-                                 member(manifest, "step", file).get<int64_t>(), expected_step));
-  }
   if (member(manifest, "fingerprint", file).get<std::string>() != fingerprint_) {
     throw InputError(
         fmt::format("{}: written by a run with another model, dataset, optimizer or global batch size; "

@@ -44,10 +44,9 @@ class Checkpointer {
 
   /// Collective. Loads a checkpoint into the strategy: each rank opens only
   /// the files that hold part of its state, and checks their checksums.
-  /// InputError when the manifest's step is not `expected_step` (>= 0; a
-  /// rank that sees another checkpoint than rank 0 chose) or a file differs.
-  TrainingPosition load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm,
-                        int64_t expected_step = -1);
+  /// InputError names a file this rank sees otherwise than the manifest
+  /// (resolve() has checked that every rank reads the step rank 0 chose).
+  TrainingPosition load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm);
 
   /// Collective. Rank 0 alone resolves `resume` (resolve_here) and verifies
   /// it; every rank gets its choice, so all resume the same step (a rank's

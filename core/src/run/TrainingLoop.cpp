@@ -300,7 +300,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
                                               from_step, from));
   }
   if (!from.empty()) {
-    position = checkpointer.load(from, *run.strategy, *run.model, *run.comm, from_step);
+    position = checkpointer.load(from, *run.strategy, *run.model, *run.comm);
     if (run.exact && !position.gradient_exponents.empty()) run.exact->set_exponents(position.gradient_exponents);
   } else if (policy.resume == "auto") {
     log::info(fmt::format("no checkpoint under {}; starting at step 0", policy.dir));
