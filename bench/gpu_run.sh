@@ -11,6 +11,7 @@
 #   tok     bench/tokenizer_reference.py: Hugging Face tokenizers' ids for the test corpus
 #           (Qwen3's tokenizer.json carried in .cache/tokenizers/qwen3)
 #   tokb    bench/tokenize_bench.py: trainer tokenize against HF tokenizers (same corpus)
+#   bpe     bench/tokenize_bench.py --long-pieces: one-piece documents of 1 kB to 1 MB, ids against HF
 # Extra bench.py arguments: $BENCH_ARGS (e.g. --arms ddp,zero3).
 set -uo pipefail
 out=${OUT:-/tmp/gpu-out}
@@ -34,6 +35,8 @@ for stage in $stages; do
            --out "$out/qwen3-expected.json" || status=1 ;;
     tokb) python3 bench/tokenize_bench.py --trainer build-gpu/bin/trainer --tokenizer .cache/tokenizers/qwen3 \
             ${TOKB_ARGS:-} 2>&1 | tail -12 || status=1 ;;
+    bpe) python3 bench/tokenize_bench.py --trainer build-gpu/bin/trainer --tokenizer .cache/tokenizers/qwen3 \
+           --long-pieces 2>&1 | tail -12 || status=1 ;;
     b05|b3) shape=0.5b; [ "$stage" = b3 ] && shape=3b
             python3 bench/bench.py --trainer build-gpu/bin/trainer --shape $shape --json "$out/$stage.json" \
               ${BENCH_ARGS:-} 2>"$out/$stage.err" | tee "$out/$stage.txt" || status=1 ;;

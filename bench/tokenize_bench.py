@@ -13,6 +13,12 @@ Where `tokenizers` is installed (the GPU machine):
 
     python3 bench/tokenize_bench.py --trainer build-gpu/bin/trainer \\
         --tokenizer .cache/tokenizers/qwen3 [--mb 50]
+
+With --long-pieces it times single documents that are one pre-tokenizer
+piece each ('a' repeated, and a random DNA string, of 1 kB, 80 kB and 1 MB:
+the case where BPE merging must not be quadratic), three runs each, and
+checks the ids against Hugging Face's encode of the same text. Without
+`tokenizers` (this machine), --long-pieces --no-reference times only.
 """
 import argparse
 import json
@@ -24,7 +30,11 @@ import tempfile
 import time
 
 import numpy as np
-import tokenizers
+
+try:
+    import tokenizers
+except ImportError:  # --long-pieces --no-reference needs only the trainer
+    tokenizers = None
 
 PIECES = ["The quick brown fox jumps over the lazy dog.", "def f(x):\n    return x * 2  # double\n",
           "3.14159 2718 1e-9 0x7f", "数据并行训练", "機械学習のテキスト", "😀 👍🏽 🇯🇵", "  indented\n\tline",
@@ -42,12 +52,50 @@ def corpus(path, megabytes, seed=0):
             size += len(line.encode("utf-8"))
 
 
+def long_pieces(args):
+    """Seconds per document for one-piece documents, and whether the ids equal HF's."""
+    work = tempfile.mkdtemp(prefix="tokenize-long-")
+    rng = random.Random(0)
+    hf = None if args.no_reference else tokenizers.Tokenizer.from_file(os.path.join(args.tokenizer, "tokenizer.json"))
+    print("| piece | bytes | trainer tokenize s (median of 3) | tokens | ids equal HF |\n| --- | ---: | ---: | ---: | --- |")
+    for size in (1_000, 80_000, 1_000_000):
+        for kind in ("a", "dna"):
+            text = "a" * size if kind == "a" else "".join(rng.choice("ACGT") for _ in range(size))
+            data = os.path.join(work, f"{kind}-{size}.jsonl")
+            with open(data, "w") as f:
+                f.write(json.dumps({"text": text}) + "\n")
+            out = os.path.join(work, f"{kind}-{size}.bin")
+            times = []
+            for _ in range(3):
+                command = [args.trainer, "tokenize", data, "--tokenizer", args.tokenizer, "--out", out,
+                           "--dtype", "uint32", "--threads", "1"]
+                start = time.perf_counter()
+                run = subprocess.run(command, capture_output=True, text=True)
+                times.append(time.perf_counter() - start)
+                if run.returncode != 0:
+                    print(run.stderr, file=sys.stderr)
+                    sys.exit(1)
+            got = np.fromfile(out, dtype=np.uint32)[:-1]  # without the EOS
+            same = "not checked"
+            if hf is not None:
+                want = np.array(hf.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+                same = str(got.size == want.size and bool((got == want).all()))
+            label = "'a' x n" if kind == "a" else "random ACGT"
+            print(f"| {label} | {size:,} | {sorted(times)[1]:.3f} | {got.size:,} | {same} |")
+    print("(wall time of the whole command, loading the tokenizer included)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trainer", default="build-gpu/bin/trainer")
     parser.add_argument("--tokenizer", required=True, help="directory with tokenizer.json")
     parser.add_argument("--mb", type=float, default=50)
+    parser.add_argument("--long-pieces", action="store_true", help="time one-piece documents of 1 kB to 1 MB")
+    parser.add_argument("--no-reference", action="store_true", help="with --long-pieces: skip the HF comparison")
     args = parser.parse_args()
+    if args.long_pieces:
+        long_pieces(args)
+        return
     work = tempfile.mkdtemp(prefix="tokenize-bench-")
     data = os.path.join(work, "corpus.jsonl")
     corpus(data, args.mb)

@@ -113,6 +113,27 @@ TEST(Tokenizer, SmallByteLevelFileEncodes) {
   EXPECT_EQ(tokenizer->vocab_size(), 258);
 }
 
+// Merge order by hand: the pair of lowest rank first, the leftmost of equal
+// ranks first; "a b" ranks 0, "a a" 1, "aa aa" 2.
+TEST(Tokenizer, MergesApplyLowestRankThenLeftmost) {
+  const std::string path = small_tokenizer(scratch_dir("TokenizerMergeOrder"), [](Json& r) {
+    const int64_t next = r["added_tokens"][0]["id"].get<int64_t>();
+    r["model"]["vocab"]["aa"] = next;
+    r["model"]["vocab"]["aaaa"] = next + 1;
+    r["added_tokens"][0]["id"] = next + 2;
+    r["model"]["merges"] = Json::array({"a b", "a a", "aa aa"});
+  });
+  const auto t = Tokenizer::load(path);
+  const int64_t a = *t->token_id("a"), ab = *t->token_id("ab"), aa = *t->token_id("aa"), aaaa = *t->token_id("aaaa");
+  EXPECT_EQ(t->encode("aaa"), (std::vector<int64_t>{aa, a}));  // leftmost of two equal pairs
+  EXPECT_EQ(t->encode("aab"), (std::vector<int64_t>{a, ab}));  // "a b" outranks "a a"
+  EXPECT_EQ(t->encode("aaaaaaa"), (std::vector<int64_t>{aaaa, aa, a}));
+  // One pre-tokenizer piece of 100,000 bytes (quadratic merging took minutes
+  // on such pieces): 25,000 "aaaa".
+  const std::vector<int64_t> long_piece = t->encode(std::string(100000, 'a'));
+  EXPECT_EQ(long_piece, std::vector<int64_t>(25000, aaaa));
+}
+
 TEST(Tokenizer, UnsupportedFilesAreRefusedNamingWhat) {
   const std::string base = scratch_dir("TokenizerBad");
   const std::vector<std::pair<std::function<void(Json&)>, std::string>> cases = {
@@ -137,6 +158,17 @@ TEST(Tokenizer, UnsupportedFilesAreRefusedNamingWhat) {
                            {{"type", "ByteLevel"}, {"use_regex", false}}})}};
        },
        "does not compile"},
+      // Fields of the wrong JSON type: named, not a library's type_error.
+      {[](Json& r) { r["model"]["type"] = 5; }, "model.type: expected a string, got number"},
+      {[](Json& r) {
+         r["pre_tokenizer"] = Json::array({1, 2});
+       },
+       "pre_tokenizer: expected an object, got array"},
+      {[](Json& r) {
+         r["normalizer"] = {{"type", true}};
+       },
+       "normalizer.type: expected a string, got boolean"},
+      {[](Json& r) { r["model"]["vocab"]["ab"] = "x"; }, "model.vocab['ab']: expected an id"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string path = small_tokenizer(base + "/" + std::to_string(i), cases[i].first);

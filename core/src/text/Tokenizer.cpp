@@ -17,8 +17,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
+#include <queue>
 #include <sstream>
 #include <unordered_map>
 
@@ -239,26 +241,50 @@ struct Tokenizer::Impl {
         return;
       }
     }
-    std::vector<int32_t> symbols;
-    symbols.reserve(piece.size());
-    for (const unsigned char b : piece) symbols.push_back(byte_ids[b]);
-    while (symbols.size() > 1) {
-      int32_t best_rank = std::numeric_limits<int32_t>::max(), best_id = -1;
-      size_t best = 0;
-      for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-        const auto it = merges.find(static_cast<uint64_t>(static_cast<uint32_t>(symbols[i])) << 32 |
-                                    static_cast<uint32_t>(symbols[i + 1]));
-        if (it != merges.end() && it->second.rank < best_rank) {
-          best_rank = it->second.rank;
-          best_id = it->second.id;
-          best = i;
-        }
-      }
-      if (best_id < 0) break;
-      symbols[best] = best_id;
-      symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+    // The merges in rank order, leftmost first on ties, as Hugging Face
+    // tokenizers applies them, in O(n log n): the symbols form a linked list
+    // and every adjacent pair that has a merge waits in a heap keyed by
+    // (rank, position of its left symbol); an entry whose symbols changed
+    // since it was pushed is skipped when it comes up.
+    const size_t n = piece.size();
+    std::vector<int32_t> symbol(n);
+    std::vector<int64_t> next(n), prev(n);
+    for (size_t i = 0; i < n; ++i) {
+      symbol[i] = byte_ids[static_cast<unsigned char>(piece[i])];
+      next[i] = static_cast<int64_t>(i) + 1 < static_cast<int64_t>(n) ? static_cast<int64_t>(i) + 1 : -1;
+      prev[i] = static_cast<int64_t>(i) - 1;
     }
-    ids.insert(ids.end(), symbols.begin(), symbols.end());
+    struct Candidate {
+      int32_t rank;
+      int64_t left, right;
+      int32_t left_symbol, right_symbol, merged;
+      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+    };
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+    const auto offer = [&](int64_t left) {
+      if (left < 0 || next[left] < 0) return;
+      const int64_t right = next[left];
+      const auto it = merges.find(static_cast<uint64_t>(static_cast<uint32_t>(symbol[left])) << 32 |
+                                  static_cast<uint32_t>(symbol[right]));
+      if (it != merges.end()) queue.push({it->second.rank, left, right, symbol[left], symbol[right], it->second.id});
+    };
+    for (size_t i = 0; i + 1 < n; ++i) offer(static_cast<int64_t>(i));
+    std::vector<bool> gone(n, false);
+    while (!queue.empty()) {
+      const Candidate c = queue.top();
+      queue.pop();
+      if (gone[c.left] || gone[c.right] || next[c.left] != c.right || symbol[c.left] != c.left_symbol ||
+          symbol[c.right] != c.right_symbol) {
+        continue;  // stale: one of its symbols has merged since
+      }
+      symbol[c.left] = c.merged;
+      gone[c.right] = true;
+      next[c.left] = next[c.right];
+      if (next[c.right] >= 0) prev[next[c.right]] = c.left;
+      offer(prev[c.left]);
+      offer(c.left);
+    }
+    for (int64_t i = n > 0 ? 0 : -1; i >= 0; i = next[i]) ids.push_back(symbol[i]);
   }
 
   void encode_plain(const std::string& segment, std::vector<int64_t>& ids) const {
@@ -285,19 +311,30 @@ bool flag(const TokenizerJson& object, const char* key, bool otherwise) {
   return v && v->is_boolean() ? v->get<bool>() : otherwise;
 }
 
+// `object`'s string `key` (`where` names the object in messages): `otherwise`
+// when absent; a value of another JSON type, or an `object` that is not an
+// object, is an error naming both.
+std::string text_field(const TokenizerJson& object, const char* key, const std::string& otherwise,
+                       const std::string& where, const Tokenizer::Impl& t) {
+  if (!object.is_object()) t.fail(fmt::format("{}: expected an object, got {}", where, object.type_name()));
+  const TokenizerJson* v = json_find(object, key);
+  if (!v || v->is_null()) return otherwise;
+  if (!v->is_string()) t.fail(fmt::format("{}.{}: expected a string, got {}", where, key, v->type_name()));
+  return v->get<std::string>();
+}
+
 void read_normalizer(const TokenizerJson& root, Tokenizer::Impl& t) {
   const TokenizerJson* n = json_find(root, "normalizer");
   if (!n || n->is_null()) return;
   std::vector<const TokenizerJson*> steps{n};
-  if (json_find(*n, "type") && (*n)["type"] == "Sequence") {
+  if (text_field(*n, "type", "", "normalizer", t) == "Sequence") {
     steps.clear();
     const TokenizerJson* list = json_find(*n, "normalizers");
     if (!list || !list->is_array()) t.fail("normalizer.normalizers: expected a list");
     for (const TokenizerJson& step : *list) steps.push_back(&step);
   }
   for (const TokenizerJson* step : steps) {
-    const TokenizerJson* type = json_find(*step, "type");
-    const std::string name = type && type->is_string() ? type->get<std::string>() : "?";
+    const std::string name = text_field(*step, "type", "?", "normalizer", t);
     if (name != "NFC") t.fail(fmt::format("normalizer '{}' is not supported (supported: none, NFC)", name));
     t.normalize_nfc = true;
   }
@@ -307,7 +344,7 @@ void read_pre_tokenizer(const TokenizerJson& root, Tokenizer::Impl& t) {
   const TokenizerJson* p = json_find(root, "pre_tokenizer");
   if (!p || p->is_null()) t.fail("no pre_tokenizer: only byte-level BPE tokenizers are supported");
   std::vector<const TokenizerJson*> steps{p};
-  if ((*p).value("type", std::string()) == "Sequence") {
+  if (text_field(*p, "type", "", "pre_tokenizer", t) == "Sequence") {
     steps.clear();
     const TokenizerJson* list = json_find(*p, "pretokenizers");
     if (!list || !list->is_array()) t.fail("pre_tokenizer.pretokenizers: expected a list");
@@ -316,16 +353,16 @@ void read_pre_tokenizer(const TokenizerJson& root, Tokenizer::Impl& t) {
   std::string pattern;
   bool byte_level = false;
   for (const TokenizerJson* step : steps) {
-    const std::string type = step->value("type", std::string("?"));
+    const std::string type = text_field(*step, "type", "?", "pre_tokenizer", t);
     if (byte_level) t.fail(fmt::format("pre_tokenizer '{}' after ByteLevel is not supported", type));
     if (type == "Split") {
       if (!pattern.empty()) t.fail("more than one Split pre-tokenizer is not supported");
       const TokenizerJson* pattern_spec = json_find(*step, "pattern");
       const TokenizerJson* regex = pattern_spec ? json_find(*pattern_spec, "Regex") : nullptr;
       if (!regex || !regex->is_string()) t.fail("pre_tokenizer Split: only a Regex pattern is supported");
-      if (step->value("behavior", std::string()) != "Isolated") {
-        t.fail(fmt::format("pre_tokenizer Split: behavior '{}' is not supported (supported: Isolated)",
-                           step->value("behavior", std::string("?"))));
+      const std::string behavior = text_field(*step, "behavior", "?", "pre_tokenizer Split", t);
+      if (behavior != "Isolated") {
+        t.fail(fmt::format("pre_tokenizer Split: behavior '{}' is not supported (supported: Isolated)", behavior));
       }
       if (flag(*step, "invert", false)) t.fail("pre_tokenizer Split: invert = true is not supported");
       pattern = regex->get<std::string>();
@@ -348,7 +385,7 @@ void read_pre_tokenizer(const TokenizerJson& root, Tokenizer::Impl& t) {
 void read_model(const TokenizerJson& root, Tokenizer::Impl& t) {
   const TokenizerJson* m = json_find(root, "model");
   if (!m || !m->is_object()) t.fail("no model");
-  const std::string type = m->value("type", std::string("?"));
+  const std::string type = text_field(*m, "type", "?", "model", t);
   if (type != "BPE") t.fail(fmt::format("model type '{}' is not supported (supported: BPE)", type));
   if (const TokenizerJson* d = json_find(*m, "dropout"); d && !d->is_null()) t.fail("model.dropout is not supported");
   if (flag(*m, "byte_fallback", false)) t.fail("model.byte_fallback = true is not supported");
@@ -460,10 +497,14 @@ std::shared_ptr<const Tokenizer> Tokenizer::load(const std::string& where) {
     throw InputError(fmt::format("{}: not valid JSON: {}", file.string(), error.what()));
   }
   if (!root.is_object()) impl->fail("expected a JSON object");
-  read_normalizer(root, *impl);
-  read_pre_tokenizer(root, *impl);
-  read_model(root, *impl);
-  read_added_tokens(root, *impl);
+  try {
+    read_normalizer(root, *impl);
+    read_pre_tokenizer(root, *impl);
+    read_model(root, *impl);
+    read_added_tokens(root, *impl);
+  } catch (const nlohmann::json::exception& error) {  // a field of a JSON type no check above foresaw
+    impl->fail(fmt::format("a field has an unexpected JSON type ({})", error.what()));
+  }
   std::shared_ptr<Tokenizer> tokenizer(new Tokenizer(std::move(impl)));
   const fs::path config = file.parent_path() / "tokenizer_config.json";
   if (fs::is_regular_file(config)) {

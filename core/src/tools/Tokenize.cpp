@@ -119,8 +119,33 @@ int tokenize_corpus(const TokenizeRequest& request) {
   const uint64_t total_bytes = fs::file_size(request.input);
   const fs::path out_path = request.out, docs_path = request.out + ".docs";
   const fs::path out_tmp = request.out + ".partial", docs_tmp = docs_path.string() + ".partial";
+  // Both destinations are checked before any work: neither may be a
+  // directory, nor one of this command's inputs (it would be replaced by
+  // token ids), so that the two renames at the end cannot fail halfway.
+  for (const fs::path& destination : {out_path, docs_path}) {
+    std::error_code error;
+    if (fs::is_directory(destination, error)) {
+      throw InputError(
+          fmt::format("--out {}: {} is a directory; expected a file to write", request.out, destination.string()));
+    }
+    const std::string tokenizer_file = (fs::path(request.tokenizer) / "tokenizer.json").string();
+    for (const auto& [flag, input] : {std::pair<const char*, std::string>{"--input", request.input},
+                                      {"--tokenizer", request.tokenizer},
+                                      {"--tokenizer", tokenizer_file}}) {
+      if (fs::equivalent(destination, input, error)) {
+        throw InputError(fmt::format("--out {}: {} is the {} file; tokenizing would replace it with token ids",
+                                     request.out, destination.string(), flag));
+      }
+    }
+  }
   std::ofstream out(out_tmp, std::ios::binary | std::ios::trunc), docs(docs_tmp, std::ios::binary | std::ios::trunc);
-  if (!out || !docs) throw InputError(fmt::format("{}: cannot be written", out_tmp.string()));
+  if (!out || !docs) {
+    std::error_code ignored;
+    fs::remove(out ? out_tmp : fs::path(), ignored);
+    fs::remove(docs ? docs_tmp : fs::path(), ignored);
+    throw InputError(fmt::format("--out {}: cannot create {} ({})", request.out, (out ? docs_tmp : out_tmp).string(),
+                                 std::strerror(errno)));
+  }
   struct Cleanup {  // the partial files go unless renamed into place
     const fs::path& a;
     const fs::path& b;
@@ -170,6 +195,7 @@ int tokenize_corpus(const TokenizeRequest& request) {
       offset += line.ids.size();
       ++documents;
     }
+    if (!out || !docs) break;  // reported below, before anything is renamed
     if (more) {
       progress.update(bytes_read, static_cast<int64_t>(offset),
                       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -178,9 +204,16 @@ int tokenize_corpus(const TokenizeRequest& request) {
   docs.write(reinterpret_cast<const char*>(&offset), sizeof(offset));
   out.flush();
   docs.flush();
-  if (!out || !docs) throw InputError(fmt::format("{}: write failed ({})", out_tmp.string(), std::strerror(errno)));
+  const auto written = [&] {
+    if (!out || !docs) {
+      throw TrainingError(fmt::format("{}: write failed ({}); the partial files were removed",
+                                      (out ? docs_tmp : out_tmp).string(), std::strerror(errno)));
+    }
+  };
+  written();
   out.close();
   docs.close();
+  written();
   if (documents == 0) throw InputError(fmt::format("{}: no documents", request.input));
   fsync_path(out_tmp);
   fsync_path(docs_tmp);
