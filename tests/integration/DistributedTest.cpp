@@ -30,25 +30,6 @@ void expect_close(const std::vector<double>& a, const std::vector<double>& b, do
   }
 }
 
-// A port nobody listens on now (the kernel's pick, released again), or one
-// kept listening while `listener` is open.
-int pick_port(int* listener = nullptr) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  if (listener) {
-    listen(fd, 1);
-    *listener = fd;
-  } else {
-    close(fd);
-  }
-  return ntohs(address.sin_port);
-}
-
 TEST(Distributed, TwoRanksTrainLikeOneProcess) {
   const std::string steps = "--set training.steps=50 ";
   const std::vector<double> one = losses("Dist1", steps + "--set training.micro_batch_size=8");
@@ -153,7 +134,7 @@ TEST(Distributed, KilledWorkerEndsTheJobNamingTheRank) {
 
 TEST(Distributed, BusyPortIsAClearError) {
   int listener = -1;
-  const int port = pick_port(&listener);
+  const int port = listening_port(&listener);
   const std::string dir = scratch_dir("DistPort");
   const auto result = run_command("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
                                   " " + TRAINER_BINARY + " run " + kQuickstart + " --set run.output_dir=" + dir +
@@ -165,17 +146,32 @@ TEST(Distributed, BusyPortIsAClearError) {
       << result.output;
 }
 
+// Rank 0 takes a free port (MASTER_PORT=0) and logs it; rank 1 is started
+// with it. Their recipes differ: each says so, exit 2.
 TEST(Distributed, MismatchedRecipesAreAClearError) {
   const std::string dir = scratch_dir("DistMismatch");
-  const std::string env = "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(pick_port()) + " ";
-  const std::string run = std::string(TRAINER_BINARY) + " run " + kQuickstart + " --set run.output_dir=" + dir +
-                          " --set distributed.timeout_s=20 --set training.steps=";
-  const auto result = run_command("(RANK=0 " + env + run + "3 > " + dir + "/r0 2>&1; echo $? > " + dir + "/c0) & " +
-                                  "(RANK=1 " + env + run + "4 > " + dir + "/r1 2>&1; echo $? > " + dir + "/c1) & wait");
-  for (const char* rank : {"0", "1"}) {
-    EXPECT_EQ(read_file(dir + "/c" + rank), "2\n") << read_file(dir + "/r" + rank);
-    EXPECT_NE(read_file(dir + "/r" + rank).find("differs from rank"), std::string::npos)
-        << read_file(dir + "/r" + rank);
+  const std::vector<std::string> run = {
+      TRAINER_BINARY, "run", kQuickstart, "--set", "run.output_dir=" + dir, "--set", "distributed.timeout_s=20"};
+  std::vector<std::string> rank0 = run;
+  rank0.insert(rank0.end(), {"--set", "training.steps=3"});
+  Job first(rank0, dir + "/r0", {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=0"});
+  const std::string marker = "hosts the rendezvous at 127.0.0.1:";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_file(dir + "/r0").find(marker) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::string log0 = read_file(dir + "/r0");
+  const size_t at = log0.find(marker);
+  ASSERT_NE(at, std::string::npos) << log0;
+  const int port = std::stoi(log0.substr(at + marker.size()));
+  std::vector<std::string> rank1 = run;
+  rank1.insert(rank1.end(), {"--set", "training.steps=4"});
+  Job second(rank1, dir + "/r1",
+             {"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)});
+  EXPECT_EQ(first.wait(), 2) << read_file(dir + "/r0");
+  EXPECT_EQ(second.wait(), 2) << read_file(dir + "/r1");
+  for (const char* rank : {"/r0", "/r1"}) {
+    EXPECT_NE(read_file(dir + rank).find("differs from rank"), std::string::npos) << read_file(dir + rank);
   }
 }
 

@@ -21,44 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// `trainer run` as a child with its output in `log` and `env` added to its
-// environment; killed (with its workers, through their parent-death signal)
-// and reaped on every exit path of the test.
-class Job {
- public:
-  Job(const std::vector<std::string>& args, const std::string& log, const std::vector<std::string>& env) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
-      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      std::vector<char*> argv;
-      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      execv(TRAINER_BINARY, argv.data());
-      _exit(127);
-    }
-  }
-  ~Job() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  void signal(int number) const { kill(pid_, number); }
-  /// The exit code (128 + signal when killed).
-  int wait() {
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
- private:
-  pid_t pid_ = -1;
-};
-
 // Waits (up to a minute) for the fault-injection marker a slow write creates.
 bool appears(const std::string& path) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -135,6 +97,7 @@ TEST(SeveralRanks, StopSignalDuringACheckpointLeavesOnlyCompleteOnes) {
   EXPECT_EQ(code, 75) << log;
   int complete = 0;
   for (const auto& entry : fs::directory_iterator(dir + "/checkpoints")) {
+    if (entry.path().filename() == ".trainer.lock") continue;  // the directory's run lock
     EXPECT_NE(entry.path().extension(), ".tmp") << entry.path() << "\n" << log;
     EXPECT_TRUE(fs::exists(entry.path() / "manifest.json")) << entry.path();
     ++complete;
@@ -211,6 +174,33 @@ name = "ddp"
     const auto close = trainer("compare --rtol 1e-5 " + dirs["ddp"] + " " + dirs[strategy]);
     EXPECT_EQ(close.exit_code, 0) << strategy << "\n" << close.output;
   }
+}
+
+// Rank 1 stops itself (SIGSTOP) after step 2: rank 0 times out waiting for
+// it, and the job names the stopped rank, not only the one that timed out.
+TEST(SeveralRanks, AStoppedRankIsNamed) {
+  const std::string dir = scratch_dir("StoppedRank");
+  Job job(run_args(dir, {"training.steps=50", "distributed.timeout_s=3"}), dir + "/log.txt",
+          {"TRAINER_FAULT_INJECT=stop-rank"});
+  const int code = job.wait();
+  const std::string log = read_file(dir + "/log.txt");
+  EXPECT_EQ(code, 1) << log;
+  EXPECT_NE(log.find("rank 1 (pid "), std::string::npos) << log;
+  EXPECT_NE(log.find("was stopped by Stopped (signal)"), std::string::npos) << log;
+  EXPECT_NE(log.find("rank(s) 1 had been stopped and never answered"), std::string::npos) << log;
+}
+
+// A rank started alone in a job of two: it names the rank that never
+// joined, with no LibTorch stack trace.
+TEST(SeveralRanks, ARankThatNeverJoinsIsNamed) {
+  const std::string dir = scratch_dir("NeverJoins");
+  const auto result =
+      run_command("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=0 " + std::string(TRAINER_BINARY) + " run " +
+                  kQuickstart + " --set run.output_dir=" + dir + " --set distributed.timeout_s=2");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("rank(s) 1 of 2 did not join the rendezvous at 127.0.0.1:"), std::string::npos)
+      << result.output;
+  EXPECT_EQ(result.output.find("frame #"), std::string::npos) << result.output;
 }
 
 }  // namespace

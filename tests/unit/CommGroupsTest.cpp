@@ -1,5 +1,8 @@
 // Sub-groups (Comm::split) and hybrid sharding's process groups
-// (ShardGroups), over gloo with four ranks as threads of this process.
+// (ShardGroups), over gloo with four ranks as threads of this process. A
+// build without Gloo's headers (the CUDA build) has no gloo plugin: there
+// the same code runs over nccl sub-groups at one rank (tests/gpu,
+// CommGroupsNccl.*), and these tests are not built.
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -15,23 +18,11 @@
 namespace trainer {
 namespace {
 
+#ifdef TRAINER_TESTS_HAVE_GLOO
 constexpr int kWorld = 4;
 
 // Runs `body(rank, comm)` on kWorld threads, each with a gloo comm joined
 // through one in-process store; failures are collected per rank.
-bool have_gloo() {
-  PluginRegistry registry;
-  registry.discover({TRAINER_PLUGIN_DIR});
-  for (const LoadedPlugin& plugin : registry.plugins()) {
-    if (plugin.descriptor->kind == PluginKind::Comm && std::string(plugin.descriptor->name) == "gloo") return true;
-  }
-  return false;
-}
-
-// Builds without Gloo's headers (the CUDA build) have no gloo plugin.
-#define REQUIRE_GLOO() \
-  if (!have_gloo()) GTEST_SKIP() << "no gloo plugin in this build"
-
 template <class Body>
 std::vector<std::string> on_every_rank(Body body) {
   PluginRegistry registry;
@@ -56,7 +47,6 @@ std::vector<std::string> on_every_rank(Body body) {
 }
 
 TEST(CommGroups, GlooSplitsIntoGroupsRankedByKey) {
-  REQUIRE_GLOO();
   std::vector<std::vector<double>> seen(kWorld);
   const std::vector<std::string> failures = on_every_rank([&](int rank, Comm& world) {
     // Colors by parity; keys reversed, so rank 3 is rank 0 of the odd group.
@@ -99,7 +89,6 @@ TEST(CommGroups, GlooSplitsIntoGroupsRankedByKey) {
 }
 
 TEST(CommGroups, ShardGroupsShardWithinAndSumAcross) {
-  REQUIRE_GLOO();
   std::vector<std::vector<double>> seen(kWorld);
   const std::vector<std::string> failures = on_every_rank([&](int rank, Comm& world) {
     for (const int64_t size : {2, 1, 0}) {
@@ -123,13 +112,14 @@ TEST(CommGroups, ShardGroupsShardWithinAndSumAcross) {
 }
 
 TEST(CommGroups, AShardGroupSizeThatDoesNotDivideTheWorldIsNamed) {
-  REQUIRE_GLOO();
   const std::vector<std::string> failures =
       on_every_rank([&](int, Comm& world) { const ShardGroups groups(world, 3, "zero3"); });
   for (const std::string& failure : failures) {
     EXPECT_EQ(failure, "strategy.shard_group_size = 3: must divide the world size 4 (strategy 'zero3')");
   }
 }
+
+#endif  // TRAINER_TESTS_HAVE_GLOO
 
 TEST(CommGroups, ABackendWithoutSubGroupsSaysSo) {
   testing::StubComm minimal(0, 4);

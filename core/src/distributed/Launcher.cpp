@@ -12,9 +12,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "distributed/Rendezvous.h"
@@ -99,11 +101,17 @@ WorldInfo world_from_environment() {
     throw InputError("Slurm job without MASTER_ADDR: export MASTER_ADDR (the first node's address) and MASTER_PORT");
   }
   world.master_port = env_int("MASTER_PORT", 29500);
-  if (world.master_port < 1 || world.master_port > 65535) {
-    throw InputError(fmt::format("MASTER_PORT={}: expected a port in [1, 65535]", world.master_port));
-  }
   const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
   world.agent_store = agent && std::string(agent) == "True";
+  // 0: rank 0 (hosting the store) takes a port the kernel picks and logs it,
+  // for the other ranks to be started with; no race for a free port.
+  const bool picks_port = world.master_port == 0 && world.rank == 0 && !world.agent_store;
+  if ((world.master_port < 1 && !picks_port) || world.master_port > 65535) {
+    throw InputError(
+        fmt::format("MASTER_PORT={}: expected a port in [1, 65535] (0 only for rank 0, which hosts the "
+                    "rendezvous, to take a free port and log it)",
+                    world.master_port));
+  }
   return world;
 }
 
@@ -209,9 +217,13 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
   int exit_code = 0;
   bool stopping = false;
   Clock::time_point first_exit{};
+  std::set<int> stopped_ranks;  // stopped (not ended) workers
   auto stop_all = [&](int signal) {
     for (pid_t pid : pids) {
       if (pid > 0) kill(pid, signal);
+    }
+    for (const int rank : stopped_ranks) {
+      if (pids[rank] > 0) kill(pids[rank], SIGCONT);  // a stopped process acts on its signal once continued
     }
   };
   Clock::time_point stop_sent{};
@@ -219,11 +231,26 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
   auto grace = std::chrono::duration<double>(5.0);  // SIGTERM to SIGKILL after a failure
   while (running > 0) {
     int status = 0;
-    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    const pid_t pid = waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED);
     if (pid > 0) {
       int rank = 0;
       while (rank < nproc && pids[rank] != pid) ++rank;
       if (rank == nproc) continue;
+      // A stopped worker (SIGSTOP, SIGTSTP, a debugger) holds its peers in
+      // their next collective until they time out; the job names it.
+      if (WIFSTOPPED(status)) {
+        stopped_ranks.insert(rank);
+        log::warn(
+            fmt::format("rank {} (pid {}) was stopped by {}; its peers wait for it until "
+                        "distributed.timeout_s",
+                        rank, pid, strsignal(WSTOPSIG(status))));
+        continue;
+      }
+      if (WIFCONTINUED(status)) {
+        stopped_ranks.erase(rank);
+        continue;
+      }
+      stopped_ranks.erase(rank);
       pids[rank] = -1;
       --running;
       if (!failed(status)) ++clean_exits;
@@ -233,6 +260,10 @@ int launch_local_workers(int argc, char** argv, int nproc, double timeout_s) {
       if (stopping && g_forwarded && WIFEXITED(status) && WEXITSTATUS(status) != 0) exit_code = WEXITSTATUS(status);
       if (failed(status) && !stopping) {
         log::error(fmt::format("rank {} {}; stopping the other {} worker(s)", rank, how_it_ended(status), running));
+        if (!stopped_ranks.empty()) {
+          log::error(fmt::format("rank(s) {} had been stopped and never answered: the likely cause",
+                                 fmt::join(stopped_ranks, ", ")));
+        }
         exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
         stopping = true;
         // The others get a moment to end by themselves first: a peer's lost

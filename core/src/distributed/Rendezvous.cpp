@@ -2,6 +2,7 @@
 #include "distributed/Rendezvous.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -11,6 +12,8 @@
 #endif
 
 #include "trainer/Errors.h"
+#include "trainer/Log.h"
+#include "util/BriefError.h"
 #include "util/Hash.h"
 
 namespace trainer {
@@ -34,23 +37,51 @@ c10::intrusive_ptr<c10d::Store> join_store(const WorldInfo& world, std::chrono::
   options.waitWorkers = false;
   options.timeout = timeout;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(world.master_addr, options);
+    auto store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, options);
+    if (world.master_port == 0) {
+      log::info(fmt::format("rank 0 hosts the rendezvous at {}:{} (MASTER_PORT for the other ranks)", world.master_addr,
+                            store->getPort()));
+    }
+    return store;
   } catch (const std::exception& error) {
     const std::string where = fmt::format("{}:{}", world.master_addr, world.master_port);
     if (options.isServer) {
       throw InputError(
           fmt::format("rank 0 cannot listen on MASTER_ADDR:MASTER_PORT = {} (is the port already in "
                       "use? choose another MASTER_PORT): {}",
-                      where, error.what()));
+                      where, brief_error(error)));
     }
-    throw TrainingError(fmt::format("rank {} cannot reach the rendezvous at {} within {} s: {}", world.rank, where,
-                                    timeout.count() / 1000.0, error.what()));
+    throw TrainingError(fmt::format("rank {} cannot reach the rendezvous at {} (rank 0 hosts it) within {} s: {}",
+                                    world.rank, where, timeout.count() / 1000.0, brief_error(error)));
   }
 }
 
-void check_same_recipe(c10d::Store& store, const WorldInfo& world, const std::string& resolved_recipe) {
+void check_same_recipe(c10d::Store& store, const WorldInfo& world, const std::string& resolved_recipe,
+                       std::chrono::milliseconds timeout) {
   const std::string mine = text_xxh3(resolved_recipe);
   store.set(fmt::format("trainer/recipe/{}", world.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  // Every rank's key first, so that a rank that never comes is named (a
+  // get() of its key would only say "Socket Timeout").
+  std::vector<std::string> keys;
+  for (int rank = 0; rank < world.world_size; ++rank) keys.push_back(fmt::format("trainer/recipe/{}", rank));
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception&) {
+    std::vector<int> missing;
+    for (int rank = 0; rank < world.world_size; ++rank) {
+      try {
+        if (!store.check({keys[rank]})) missing.push_back(rank);
+      } catch (const std::exception&) {
+        missing.push_back(rank);
+      }
+    }
+    throw TrainingError(fmt::format(
+        "rank {}: rank(s) {} of {} did not join the rendezvous at {}:{} within distributed.timeout_s = {} s (not "
+        "started, crashed, or started with another MASTER_ADDR, MASTER_PORT or WORLD_SIZE)",
+        world.rank, fmt::join(missing, ", "), world.world_size, world.master_addr,
+        dynamic_cast<c10d::TCPStore*>(&store) ? dynamic_cast<c10d::TCPStore&>(store).getPort() : world.master_port,
+        timeout.count() / 1000.0));
+  }
   std::string mismatch;
   for (int rank = 0; rank < world.world_size && mismatch.empty(); ++rank) {
     const std::vector<uint8_t> theirs_bytes = store.get(fmt::format("trainer/recipe/{}", rank));
@@ -87,7 +118,7 @@ std::unique_ptr<Comm> connect_world(PluginRegistry& registry, const std::string&
     store = c10::make_intrusive<c10d::HashStore>();
   } else {
     store = join_store(world, timeout);
-    check_same_recipe(*store, world, fingerprint);
+    check_same_recipe(*store, world, fingerprint, timeout);
     if (job_store) *job_store = store;
   }
   Context context;

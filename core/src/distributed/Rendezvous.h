@@ -28,8 +28,10 @@ torch::Device bind_rank_device(bool cuda, const WorldInfo& world);
 c10::intrusive_ptr<c10d::Store> join_store(const WorldInfo& world, std::chrono::milliseconds timeout);
 
 /// Every rank publishes a hash of its resolved recipe and compares with
-/// everyone's: a mismatch is an InputError on every rank.
-void check_same_recipe(c10d::Store& store, const WorldInfo& world, const std::string& resolved_recipe);
+/// everyone's: a mismatch is an InputError on every rank; a rank that does
+/// not publish within `timeout` a TrainingError naming it.
+void check_same_recipe(c10d::Store& store, const WorldInfo& world, const std::string& resolved_recipe,
+                       std::chrono::milliseconds timeout);
 
 /// The whole join for world size > 1: store, same-job check on
 /// `fingerprint` (the resolved recipe), the comm plugin `backend`, connected.

@@ -155,8 +155,10 @@ class GlooComm final : public Comm {
       group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("group", store_),
                                                            rank_, world_size_, options);
     } catch (const std::exception& error) {
-      throw TrainingError(
-          fmt::format("rank {}: gloo cannot connect to its {} peers: {}", rank_, world_size_ - 1, error.what()));
+      throw TrainingError(fmt::format("rank {}: gloo cannot connect to its {} peers: {}", rank_, world_size_ - 1,
+                                      dynamic_cast<const c10::Error*>(&error)
+                                          ? static_cast<const c10::Error&>(error).what_without_backtrace()
+                                          : error.what()));
     }
   }
 

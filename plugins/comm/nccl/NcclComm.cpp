@@ -132,13 +132,17 @@ class Watchdog {
   /// world's).
   Watchdog(ncclComm_t comm, std::chrono::milliseconds timeout, std::string who, int device)
       : comm_(comm), timeout_(timeout), who_(std::move(who)), device_(device), thread_([this] { run(); }) {}
-  ~Watchdog() {
+  ~Watchdog() { stop(); }
+
+  /// Stops the thread (idempotent). Afterwards aborted() is final: the
+  /// thread can no longer abort the communicator behind the caller's back.
+  void stop() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping_ = true;
     }
     wake_.notify_all();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
 
   std::mutex& launch_mutex() { return mutex_; }
@@ -148,6 +152,17 @@ class Watchdog {
   /// Throws the failure, if any (call with launch_mutex() held or not).
   void check() const {
     if (aborted_.load()) throw TrainingError(failure_);
+  }
+  /// With launch_mutex() held, before a launch: check(), and once another
+  /// communicator of the process is aborted, this one is aborted here and
+  /// now (its watchdog would do it on its next wake-up, with the
+  /// collective already enqueued on a communicator about to be aborted).
+  void check_launch() {
+    if (!aborted_.load() && g_poisoned.load()) {
+      abort(fmt::format("nccl communicator of {} aborted because another communicator of this process was: {}", who_,
+                        process_poison()));
+    }
+    check();
   }
   bool aborted() const { return aborted_.load(); }
   /// With launch_mutex() held.
@@ -257,6 +272,9 @@ void CUDART_CB hold_until_aborted(void*) {
 class NcclComm final : public Comm {
  public:
   ~NcclComm() override {
+    // The watchdog stopped first: it may abort the communicator up to the
+    // moment its thread ends, and aborting twice frees it twice.
+    if (watchdog_) watchdog_->stop();
     const bool aborted = watchdog_ && watchdog_->aborted();
     watchdog_.reset();
     if (!comm_ || aborted) return;  // an aborted communicator is already freed
@@ -324,7 +342,7 @@ class NcclComm final : public Comm {
       // parent's watchdog cannot run while its launch lock is held.
       c10::cuda::CUDAGuard guard(device_);
       std::lock_guard<std::mutex> lock(watchdog_->launch_mutex());
-      watchdog_->check();
+      watchdog_->check_launch();
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = 0;
       const Clock::time_point deadline = Clock::now() + timeout_;
@@ -396,7 +414,7 @@ class NcclComm final : public Comm {
     }
     c10::cuda::CUDAGuard guard(device_);
     std::lock_guard<std::mutex> lock(watchdog_->launch_mutex());
-    watchdog_->check();  // never enqueue on an aborted communicator
+    watchdog_->check_launch();  // never enqueue on an aborted communicator
     // Order the collective after everything the caller queued, then let the
     // caching allocator know the communication stream uses these tensors
     // (their memory is not reused before the collective ends, even when the
