@@ -2,7 +2,13 @@
 // trainer binary, reading metrics.
 #pragma once
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -62,6 +68,61 @@ inline std::string source_path(const std::string& relative) {
 
 /// Qwen3's real tokenizer (tokenizer.json, tokenizer_config.json), which
 /// scripts/fetch-tokenizer.sh puts here (scripts/test.sh runs it).
+// A port held listening (so nobody else takes it) while `listener` is open.
+inline int listening_port(int* listener) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  socklen_t length = sizeof(address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  listen(fd, 1);
+  *listener = fd;
+  return ntohs(address.sin_port);
+}
+
+// `trainer` (args[0] is its path) as a child with its output in `log` and `env` added to its
+// environment; killed (with its workers, through their parent-death signal)
+// and reaped on every exit path of the test.
+class Job {
+ public:
+  /// `append`: the log is added to instead of replaced.
+  Job(const std::vector<std::string>& args, const std::string& log, const std::vector<std::string>& env = {},
+      bool append = false) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      std::vector<char*> argv;
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(TRAINER_BINARY, argv.data());
+      _exit(127);
+    }
+  }
+  ~Job() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  void signal(int number) const { kill(pid_, number); }
+  pid_t pid() const { return pid_; }
+  /// The exit code (128 + signal when killed).
+  int wait() {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
 inline std::string qwen3_tokenizer_dir() { return source_path(".cache/tokenizers/qwen3"); }
 
 inline std::vector<double> column(const std::vector<MetricsRow>& rows, const std::string& key) {
@@ -93,6 +154,8 @@ namespace trainer {
 // The helpers every test file uses, named without a preamble of its own.
 using testing::column;
 using testing::CommandResult;
+using testing::Job;
+using testing::listening_port;
 using testing::read_file;
 using testing::run_command;
 using testing::scratch_dir;

@@ -146,8 +146,9 @@ TEST(Checkpoint, SigtermWritesACheckpointAndResumeMatches) {
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 75) << read_file(dir + "/log.txt");
   std::string checkpoint;
-  for (const auto& entry : std::filesystem::directory_iterator(dir + "/checkpoints"))
-    checkpoint = entry.path().string();
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/checkpoints")) {
+    if (entry.path().filename().string().rfind("step-", 0) == 0) checkpoint = entry.path().string();
+  }
   ASSERT_FALSE(checkpoint.empty());
   const int64_t stopped = json_parse(read_file(checkpoint + "/manifest.json")).at("step").get<int64_t>();
   const std::string total = std::to_string(stopped + 3);

@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "TestSupport.h"
+#include "trainer/util/JsonSupport.h"
 
 namespace trainer {
 namespace {
@@ -112,26 +113,38 @@ TEST(HostileInput, TruncatedOrEmptyPluginIsNamedNotACrash) {
   }
 }
 
-TEST(HostileInput, SecondRunIntoABusyOutputDirectoryIsRefused) {
-  const std::string dir = scratch_dir("HiLock");
-  // A first run that lasts a while, in the background.
-  const std::string first_log = dir + "-first.log";
-  ASSERT_EQ(std::system((std::string(TRAINER_BINARY) + " run " + kQuickstart + " --set run.output_dir=" + dir +
-                         " --set training.steps=100000 > " + first_log + " 2>&1 &")
-                            .c_str()),
-            0);
+// Waits (up to a minute) until `path` exists and is not empty.
+bool written(const std::string& path) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!fs::exists(dir + "/metrics.jsonl") && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  while (!fs::exists(path) || fs::file_size(path) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  ASSERT_TRUE(fs::exists(dir + "/metrics.jsonl")) << read_file(first_log);
+  return true;
+}
+
+// A second run into the output directory, or the checkpoint directory, of a
+// running one is refused naming the holder; the lock of a killed run is
+// not stale.
+TEST(HostileInput, SecondRunIntoABusyOutputDirectoryIsRefused) {
+  const std::string dir = scratch_dir("HiLock"), other = scratch_dir("HiLockOther");
+  Job first({TRAINER_BINARY, "run", kQuickstart, "--set", "run.output_dir=" + dir, "--set", "training.steps=100000"},
+            dir + "-first.log");
+  ASSERT_TRUE(written(dir + "/metrics.jsonl")) << read_file(dir + "-first.log");
   const std::string holder = read_file(dir + "/.trainer.lock");
+  ASSERT_EQ(holder.rfind("pid " + std::to_string(first.pid()) + " on ", 0), 0u) << holder;
   const CommandResult second = run(dir, "--set training.steps=2");
   EXPECT_EQ(second.exit_code, 2) << second.output;
-  EXPECT_TRUE(says(second, "is in use by another trainer run (" + holder + ")")) << second.output;
-  const pid_t first = static_cast<pid_t>(std::stol(holder.substr(4)));  // "pid N on host"
-  kill(first, SIGKILL);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_TRUE(says(second, "run.output_dir " + dir + " is in use by another trainer run (" + holder + ")"))
+      << second.output;
+  // Another output directory, the first run's checkpoints: refused too.
+  const CommandResult into_checkpoints =
+      run(other, "--set training.steps=2 --set checkpoint.dir=" + dir + "/checkpoints");
+  EXPECT_EQ(into_checkpoints.exit_code, 2) << into_checkpoints.output;
+  EXPECT_TRUE(says(into_checkpoints, "checkpoint.dir " + dir + "/checkpoints is in use by another trainer run"))
+      << into_checkpoints.output;
+  first.signal(SIGKILL);
+  EXPECT_EQ(first.wait(), 128 + SIGKILL);
   // The lock of a killed run is not stale: the kernel released it.
   EXPECT_EQ(run(dir, "--set training.steps=2").exit_code, 0);
 }
@@ -204,6 +217,19 @@ TEST(HostileInput, RecipeValuesThatRunWouldRejectFailBeforeTraining) {
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_TRUE(says(result, "is a file")) << result.output;
   EXPECT_FALSE(fs::exists(dir + "/out/metrics.jsonl")) << "no training step ran";
+  // validate refuses what run refuses before training, the world size taken
+  // from distributed.nproc: the components' own checks included.
+  for (const auto& [keys, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--set distributed.nproc=2 --set strategy.name=zero2 --set strategy.shard_group_size=3",
+            "shard_group_size: expected a divisor of the world size 2"},
+           {"--set checkpoint.dir=" + dir + "/a-file", "is a file"},
+           {"--set run.output_dir=" + dir + "/a-file", "[run] output_dir"},
+           {"--set run.profile_start=999", "run.profile_start"},
+           {"--set model.num_attention_heads=5", "num_attention_heads"}}) {
+    result = trainer("validate " + kQuickstart + " " + keys);
+    EXPECT_EQ(result.exit_code, 2) << keys << "\n" << result.output;
+    EXPECT_TRUE(says(result, message)) << keys << "\n" << result.output;
+  }
 }
 
 TEST(HostileInput, HuggingFaceConfigAndWeightsAreCheckedLikeTheRecipe) {
@@ -233,6 +259,10 @@ TEST(HostileInput, HuggingFaceConfigAndWeightsAreCheckedLikeTheRecipe) {
     EXPECT_TRUE(says(result, message)) << result.output;
     if (message.find("is outside") != std::string::npos || message.find("integer") != std::string::npos) {
       EXPECT_TRUE(says(result, hf + "/config.json")) << "the error names config.json\n" << result.output;
+      // validate reads config.json as run does (the weights are not loaded).
+      const CommandResult valid = trainer("validate " + recipe);
+      EXPECT_EQ(valid.exit_code, 2) << to << "\n" << valid.output;
+      EXPECT_TRUE(says(valid, message)) << valid.output;
     }
   }
   const CommandResult directory = run(scratch_dir("HiInitFrom"), "--set model.init_from=" + hf);
@@ -344,6 +374,164 @@ TEST(HostileInput, AWronglyExportedEntryPointIsNamedNotACrash) {
     EXPECT_TRUE(says(result, file)) << result.output;
     EXPECT_TRUE(says(result, message)) << result.output;
   }
+}
+
+// The second hostile round. Each test fails on the code before its fix.
+
+// A run refused for bad input writes nothing: the directory's recipe.toml
+// and metrics.jsonl (an earlier run's) stay byte for byte.
+TEST(HostileInput, ARefusedRunLeavesTheOutputDirectoryAsItWas) {
+  const std::string dir = scratch_dir("HiRefusedKeeps");
+  ASSERT_EQ(run(dir, "--set training.steps=2").exit_code, 0);
+  const std::string recipe = read_file(dir + "/recipe.toml"), metrics = read_file(dir + "/metrics.jsonl");
+  for (const std::string& bad :
+       {std::string("--set checkpoint.resume=") + dir + "/no-such-checkpoint",
+        std::string("--set run.profile_start=99"), std::string("--set training.micro_batch_size=0")}) {
+    const CommandResult refused = run(dir, "--set training.steps=3 " + bad);
+    EXPECT_EQ(refused.exit_code, 2) << bad << "\n" << refused.output;
+    EXPECT_EQ(read_file(dir + "/recipe.toml"), recipe) << bad;
+    EXPECT_EQ(read_file(dir + "/metrics.jsonl"), metrics) << bad;
+  }
+}
+
+// Two outputs on one file, or a logger writing over one of the run's own
+// files or directories, are refused before anything is written.
+TEST(HostileInput, LoggerOutputsThatCollideAreRefused) {
+  const std::string dir = scratch_dir("HiLoggerPaths");
+  const std::string recipe = read_file(kQuickstart);
+  fs::create_directories(dir + "/run/somedir");
+  for (const auto& [loggers, message] : std::vector<std::pair<std::string, std::string>>{
+           {"[[logger]]\nname = 'jsonl'\n[[logger]]\nname = 'csv'\npath = 'metrics.jsonl'\n",
+            "metrics.jsonl is, contains or lies inside [logger."},
+           {"[[logger]]\nname = 'csv'\npath = 'recipe.toml'\n", "the run's recipe.toml"},
+           {"[[logger]]\nname = 'csv'\npath = 'summary.json'\n", "the run's summary.json"},
+           {"[[logger]]\nname = 'csv'\npath = 'checkpoints/x.csv'\n", "checkpoint.dir"},
+           {"[[logger]]\nname = 'tensorboard'\ndir = '.'\n", "the run's output directory"},
+           {"[[logger]]\nname = 'csv'\npath = 'somedir'\n", "is a directory"},
+           {"[[logger]]\nname = 'tensorboard'\ndir = 'recipe.toml'\n", "the run's recipe.toml"}}) {
+    const std::string file = write_file(dir + "/recipe.toml", recipe + "\n" + loggers);
+    const CommandResult refused =
+        trainer("run " + file + " --set run.output_dir=" + dir + "/run --set training.steps=1");
+    EXPECT_EQ(refused.exit_code, 2) << loggers << refused.output;
+    EXPECT_TRUE(says(refused, message)) << loggers << refused.output;
+    EXPECT_FALSE(fs::exists(dir + "/run/recipe.toml")) << loggers;
+    EXPECT_FALSE(fs::exists(dir + "/run/metrics.jsonl")) << loggers;
+  }
+}
+
+// Output paths that are files: named as bad input (exit 2) before any work.
+TEST(HostileInput, OutputPathsThatAreFilesAreNamed) {
+  const std::string dir = scratch_dir("HiOutputFiles");
+  write_file(dir + "/file", "user data\n");
+  CommandResult result = run(dir + "/file", "--set training.steps=1");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "[run] output_dir")) << result.output;
+  ASSERT_EQ(run(dir + "/run", "--set training.steps=1").exit_code, 0);
+  result = trainer("export " + dir + "/run --to " + dir + "/file");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "--to " + dir + "/file: expected a directory")) << result.output;
+  EXPECT_EQ(read_file(dir + "/file"), "user data\n");
+}
+
+// A fresh run never mixes its checkpoints with another run's, a resume from
+// an older checkpoint never interleaves with newer ones, and pruning removes
+// only this run's own older checkpoints.
+TEST(HostileInput, CheckpointsOfAnotherRunAreNeitherMixedNorPruned) {
+  const std::string dir = scratch_dir("HiLineage"), other = scratch_dir("HiLineageOther");
+  ASSERT_EQ(run(dir, "--set training.steps=4 --set checkpoint.interval=1 --set checkpoint.keep=2").exit_code, 0);
+  const std::string ckpt = dir + "/checkpoints/";
+  ASSERT_TRUE(fs::exists(ckpt + "step-00000003") && fs::exists(ckpt + "step-00000004"));
+  EXPECT_FALSE(fs::exists(ckpt + "step-00000002")) << "keep = 2 keeps the two newest";
+  const std::string metrics = read_file(dir + "/metrics.jsonl");
+  CommandResult result = run(dir, "--set training.steps=6 --set checkpoint.interval=1");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "holds checkpoints of an earlier run")) << result.output;
+  result = run(dir, "--set training.steps=6 --set checkpoint.resume=" + ckpt + "step-00000003");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "holds the newer " + ckpt + "step-00000004")) << result.output;
+  EXPECT_EQ(read_file(dir + "/metrics.jsonl"), metrics);
+  // Another run's checkpoint, older than ours, in our directory: resuming
+  // ours and pruning (keep = 2) leaves it alone.
+  ASSERT_EQ(run(other, "--set training.steps=1 --set checkpoint.interval=1").exit_code, 0);
+  fs::rename(other + "/checkpoints/step-00000001", ckpt + "step-00000001");
+  result = run(dir,
+               "--set training.steps=6 --set checkpoint.interval=1 --set checkpoint.keep=2 "
+               "--set checkpoint.resume=auto");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(fs::exists(ckpt + "step-00000001")) << "another run's checkpoint was pruned";
+  EXPECT_FALSE(fs::exists(ckpt + "step-00000004"));
+  EXPECT_TRUE(fs::exists(ckpt + "step-00000005") && fs::exists(ckpt + "step-00000006"));
+}
+
+// The manifest's decay flags decide the flat layout: a checkpoint whose
+// parameter table differs only there is refused naming the parameter; and a
+// resume under another seed (another data order) is refused.
+TEST(HostileInput, ACheckpointOfAnotherLayoutOrSeedIsRefused) {
+  const std::string dir = scratch_dir("HiDecay");
+  // intermediate_size 1: gate_proj.weight (decayed) and input_layernorm.weight
+  // (not) have hidden_size elements each, so their decay flags can trade
+  // places with every group's size and range unchanged.
+  const std::string shape = "--set model.intermediate_size=1 ";
+  ASSERT_EQ(run(dir, shape + "--set training.steps=2 --set checkpoint.interval=2").exit_code, 0);
+  const std::string manifest = dir + "/checkpoints/step-00000002/manifest.json";
+  const std::string original = read_file(manifest);
+  CommandResult result = run(dir, shape + "--set training.steps=3 --set checkpoint.resume=auto --set run.seed=99");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "seed")) << result.output;
+  Json edited = json_parse(original);
+  for (Json& p : edited["parameters"]) {
+    const std::string name = p["name"].get<std::string>();
+    if (name == "model.layers.0.mlp.gate_proj.weight") p["decay"] = false;
+    if (name == "model.layers.0.input_layernorm.weight") p["decay"] = true;
+  }
+  write_file(manifest, edited.dump(1) + "\n");
+  reseal(manifest);
+  result = run(dir, shape + "--set training.steps=3 --set checkpoint.resume=auto");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result,
+                   "'model.layers.0.mlp.gate_proj.weight' is not weight-decayed in the checkpoint, "
+                   "weight-decayed in the model"))
+      << result.output;
+  write_file(manifest, original);
+  reseal(manifest);
+  EXPECT_EQ(run(dir, shape + "--set training.steps=3 --set checkpoint.resume=auto").exit_code, 0);
+}
+
+// A checkpoint written before data order "feistel-1" (no run_id, the old
+// sampler text, the recipe-only fingerprint) resumes, keeping its order.
+TEST(HostileInput, ACheckpointOfThePreviousDataOrderResumesWithIt) {
+  const std::string dir = scratch_dir("HiLegacyOrder");
+  ASSERT_EQ(run(dir, "--set training.steps=2 --set checkpoint.interval=2").exit_code, 0);
+  const std::string manifest = dir + "/checkpoints/step-00000002/manifest.json";
+  const CommandResult valid = trainer("validate " + kQuickstart + " --set run.output_dir=" + dir);
+  ASSERT_EQ(valid.exit_code, 0) << valid.output;
+  // The previous fingerprint is what `validate` prints as the recipe's.
+  const size_t at = valid.output.find("recipe fingerprint ");
+  ASSERT_NE(at, std::string::npos) << valid.output;
+  const std::string legacy = valid.output.substr(at + 19, 16);
+  std::string text = read_file(manifest);
+  const size_t f = text.find("\"fingerprint\": \"");
+  text.replace(f + 16, 16, legacy);
+  const size_t s = text.find("\"feistel-1\"");
+  ASSERT_NE(s, std::string::npos);
+  text.replace(s, 11, "\"a function of (seed, step): resumes at step 2\"");
+  write_file(manifest, text);
+  reseal(manifest);
+  const CommandResult resumed = run(dir, "--set training.steps=3 --set checkpoint.resume=auto");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(says(resumed, "the run keeps its Fisher-Yates order")) << resumed.output;
+}
+
+// token ids are int32 in a Sample: a vocabulary past 2^31 is refused.
+TEST(HostileInput, ATokensVocabularyPastInt32IsRefused) {
+  const std::string dir = scratch_dir("HiVocab");
+  std::vector<uint32_t> tokens(100, 7);
+  std::ofstream(dir + "/tokens.bin", std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), 400);
+  const CommandResult result = trainer(
+      "validate " + data_recipe(dir, "name = 'tokens'\npath = '" + dir +
+                                         "/tokens.bin'\ndtype = 'uint32'\nseq_len = 8\nvocab_size = 2147483649\n"));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "vocab_size")) << result.output;
 }
 
 }  // namespace

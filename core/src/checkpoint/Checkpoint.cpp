@@ -8,6 +8,8 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <random>
 #include <sstream>
 #include <tuple>
 
@@ -22,6 +24,7 @@
 #include "trainer/util/Safetensors.h"
 #include "util/FaultInjection.h"
 #include "util/Files.h"
+#include "util/Hash.h"
 
 namespace trainer {
 
@@ -91,13 +94,78 @@ std::string broadcast_text(Comm& comm, torch::Device device, const std::string& 
   return out;
 }
 
+// The step of a checkpoint directory's name step-NNNNNNNN; nullopt for any
+// other name (a .tmp, a file of the user's).
+std::optional<int64_t> step_of_name(const fs::path& path) {
+  const std::string name = path.filename().string();
+  if (name.size() <= 5 || name.rfind("step-", 0) != 0) return std::nullopt;
+  int64_t step = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || step > (int64_t(1) << 58)) return std::nullopt;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+// The complete-looking checkpoints under `root` (step-N directories), by step.
+std::vector<std::pair<int64_t, fs::path>> checkpoints_under(const std::string& root) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code error;
+  if (!fs::is_directory(root, error)) return out;
+  for (const auto& entry : fs::directory_iterator(root, error)) {
+    const std::optional<int64_t> step = step_of_name(entry.path());
+    if (step && entry.is_directory(error)) out.emplace_back(*step, entry.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A fresh lineage: 128 random bits.
+std::string new_lineage() {
+  std::random_device device;
+  return fmt::format("{:08x}{:08x}{:08x}{:08x}", device(), device(), device(), device());
+}
+
+// The run_id a checkpoint's manifest names; "" for one written before
+// lineages; nullopt when the manifest cannot be read (never pruned then).
+std::optional<std::string> lineage_of(const fs::path& dir) {
+  try {
+    const Json manifest = trainer::manifest::read(dir.string());
+    const auto found = manifest.find("run_id");
+    if (found == manifest.end()) return std::string();
+    if (!found->is_string()) return std::nullopt;
+    return found->get<std::string>();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace
 
-Checkpointer::Checkpointer(std::string root, int64_t keep, std::string fingerprint, std::string strategy_name,
-                           torch::Device device)
+std::string run_fingerprint(const std::string& recipe_fingerprint, uint64_t seed, Model& model) {
+  std::string text = fmt::format("{}|seed {}|order {}|", recipe_fingerprint, seed, kFeistelSampler);
+  for (const NamedParameter& p : model.parameters()) {
+    text += fmt::format("{}:{}:{};", p.name, fmt::join(p.tensor.sizes().vec(), "x"), p.decay ? "decay" : "no-decay");
+  }
+  return fmt::format("{:016x}", fnv1a(text));
+}
+
+void Checkpointer::prune(int64_t written_step) const {
+  std::vector<fs::path> mine;  // older than the one just written, oldest first
+  for (const auto& [step, dir] : checkpoints_under(root_)) {
+    if (step < written_step && lineage_of(dir) == lineage_) mine.push_back(dir);
+  }
+  // `keep` counts the one just written.
+  const size_t kept_older = static_cast<size_t>(std::max<int64_t>(keep_ - 1, 0));
+  for (size_t i = 0; i + kept_older < mine.size(); ++i) remove_tree(mine[i].string());
+}
+
+Checkpointer::Checkpointer(std::string root, int64_t keep, std::string fingerprint, std::string legacy_fingerprint,
+                           std::string strategy_name, torch::Device device)
     : root_(std::move(root)),
       keep_(keep),
       fingerprint_(std::move(fingerprint)),
+      legacy_fingerprint_(std::move(legacy_fingerprint)),
       strategy_name_(std::move(strategy_name)),
       device_(device) {}
 
@@ -179,8 +247,11 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
                   {"applied_updates", position.applied_updates},
                   {"world_size", world},
                   {"strategy", strategy_name_},
-                  {"fingerprint", fingerprint_},
-                  {"sampler", fmt::format("a function of (seed, step): resumes at step {}", position.step)},
+                  {"fingerprint", order_ == SampleOrder::Feistel ? fingerprint_ : legacy_fingerprint_},
+                  {"sampler", order_ == SampleOrder::Feistel
+                                  ? std::string(kFeistelSampler)
+                                  : fmt::format("a function of (seed, step): resumes at step {}", position.step)},
+                  {"run_id", lineage_},
                   {"rng", "none used by training"},
                   {"group_numel", group_numel},
                   {"files", files},
@@ -201,14 +272,7 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
     remove_tree(final_dir.string());
     fs::rename(temporary, final_dir);
     fsync_path(root_);
-    // Keep the newest `keep` complete checkpoints.
-    std::vector<fs::path> complete;
-    for (const auto& entry : fs::directory_iterator(root_)) {
-      const std::string name = entry.path().filename().string();
-      if (name.rfind("step-", 0) == 0 && entry.path().extension() != ".tmp") complete.push_back(entry.path());
-    }
-    std::sort(complete.begin(), complete.end());
-    for (size_t i = 0; i + static_cast<size_t>(keep_) < complete.size(); ++i) remove_tree(complete[i].string());
+    prune(position.step);
   }
   comm.barrier();
   return final_dir.string();
@@ -220,7 +284,7 @@ void Checkpointer::verify(const std::string& dir) {
   for (const Json& f : member(manifest, "files", file)) verify_file(dir, manifest, f);
 }
 
-std::string Checkpointer::resolve(const std::string& resume, Comm& comm, int64_t* step) const {
+std::string Checkpointer::resolve(const std::string& resume, Comm& comm, int64_t* step) {
   // Rank 0's answer: "ok" or "error", then the directory or the message.
   std::string chosen, status = "ok";
   std::exception_ptr failure;
@@ -244,6 +308,10 @@ std::string Checkpointer::resolve(const std::string& resume, Comm& comm, int64_t
   *step = chosen.empty()
               ? 0
               : member(trainer::manifest::read(chosen), "step", fs::path(chosen) / "manifest.json").get<int64_t>();
+  // Only rank 0 writes manifests and prunes: the lineage is its.
+  if (comm.rank() == 0) {
+    lineage_ = chosen.empty() ? new_lineage() : lineage_of(chosen).value_or("");
+  }
   torch::Tensor steps = torch::zeros({comm.world_size()}, torch::kInt64).to(device_);
   comm.all_gather(torch::tensor({*step}, torch::kInt64).to(device_), steps);
   const torch::Tensor seen = steps.cpu();
@@ -259,9 +327,28 @@ std::string Checkpointer::resolve(const std::string& resume, Comm& comm, int64_t
 }
 
 std::string Checkpointer::resolve_here(const std::string& resume) const {
-  if (resume.empty()) return "";
+  const std::vector<std::pair<int64_t, fs::path>> present = checkpoints_under(root_);
+  if (resume.empty()) {
+    if (!present.empty()) {
+      throw InputError(fmt::format(
+          "checkpoint.dir {} holds checkpoints of an earlier run ({} of them, the newest {}); a fresh run "
+          "would mix its checkpoints and metrics with them: resume it with checkpoint.resume = 'auto', or move "
+          "them, or choose another checkpoint.dir",
+          root_, present.size(), present.back().second.string()));
+    }
+    return "";
+  }
   if (resume != "auto") {
     verify(resume);
+    const int64_t step =
+        member(trainer::manifest::read(resume), "step", fs::path(resume) / "manifest.json").get<int64_t>();
+    if (!present.empty() && present.back().first > step) {
+      throw InputError(fmt::format(
+          "checkpoint.resume = '{}' is step {}, but checkpoint.dir {} holds the newer {}: this run's checkpoints "
+          "would interleave with that history (and checkpoint.resume = 'auto' would later pick either); move "
+          "the newer checkpoints, or choose another checkpoint.dir",
+          resume, step, root_, present.back().second.string()));
+    }
     return resume;
   }
   std::vector<fs::path> candidates;
@@ -322,20 +409,46 @@ std::vector<torch::Tensor> checkpoint_state(const std::string& dir, const char* 
 TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, Model& model, Comm& comm) {
   const Json manifest = trainer::manifest::read(dir);
   const fs::path file = fs::path(dir) / "manifest.json";
-  if (member(manifest, "fingerprint", file).get<std::string>() != fingerprint_) {
+  // The parameter table first: a difference there is named exactly. The
+  // decay flag decides which flat group, and so which moments, a parameter
+  // has; names and sizes alone would load moments into the wrong ones.
+  const std::vector<NamedParameter> params = model.parameters();
+  const Json& saved = member(manifest, "parameters", file);
+  if (saved.size() != params.size()) {
     throw InputError(
-        fmt::format("{}: written by a run with another model, dataset, optimizer or global batch size; "
+        fmt::format("{}: the checkpoint has {} parameters, the model {}", file.string(), saved.size(), params.size()));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const NamedParameter& p = params[i];
+    const Json& s = saved[i];
+    std::string differs;
+    if (member(s, "name", file) != p.name) {
+      differs = fmt::format("is named '{}' in the checkpoint", member(s, "name", file).dump());
+    } else if (member(s, "numel", file) != p.tensor.numel()) {
+      differs = fmt::format("has {} elements in the checkpoint, {} in the model", member(s, "numel", file).dump(),
+                            p.tensor.numel());
+    } else if (s.contains("shape") && s["shape"] != Json(p.tensor.sizes().vec())) {
+      differs = fmt::format("has shape {} in the checkpoint, {} in the model", s["shape"].dump(),
+                            Json(p.tensor.sizes().vec()).dump());
+    } else if (s.contains("decay") && s["decay"] != Json(p.decay)) {
+      differs = fmt::format("is {}weight-decayed in the checkpoint, {}weight-decayed in the model",
+                            s["decay"] == Json(true) ? "" : "not ", p.decay ? "" : "not ");
+    }
+    if (!differs.empty()) {
+      throw InputError(fmt::format("{}: the model's parameter {} '{}' {}; resume only what the checkpoint was made of",
+                                   file.string(), i, p.name, differs));
+    }
+  }
+  // Checkpoints of before "feistel-1" keep their data order and fingerprint.
+  const auto sampler = manifest.find("sampler");
+  order_ = sampler != manifest.end() && *sampler == kFeistelSampler ? SampleOrder::Feistel : SampleOrder::FisherYates;
+  const std::string& expected = order_ == SampleOrder::Feistel ? fingerprint_ : legacy_fingerprint_;
+  if (member(manifest, "fingerprint", file).get<std::string>() != expected) {
+    throw InputError(
+        fmt::format("{}: written by a run with another model, dataset, seed, optimizer or global batch size; "
                     "resume only what the checkpoint was made of",
                     file.string()));
   }
-  const std::vector<NamedParameter> params = model.parameters();
-  const Json& saved = member(manifest, "parameters", file);
-  bool same = saved.size() == params.size();
-  for (size_t i = 0; same && i < params.size(); ++i) {
-    same =
-        member(saved[i], "name", file) == params[i].name && member(saved[i], "numel", file) == params[i].tensor.numel();
-  }
-  if (!same) throw InputError(fmt::format("{}: the model's parameters differ from the checkpoint's", file.string()));
   const int saved_world = static_cast<int>(member(manifest, "world_size", file).get<int64_t>());
   const std::vector<std::vector<Range>> ranges = manifest::file_ranges(manifest, file);
   // Only the files that hold part of this rank's state are opened, each
@@ -380,6 +493,11 @@ TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, 
   TrainingPosition position;
   position.step = member(manifest, "step", file).get<int64_t>();
   position.applied_updates = member(manifest, "applied_updates", file).get<int64_t>();
+  position.order = order_;
+  if (order_ == SampleOrder::FisherYates) {
+    log::info(fmt::format("{} was written before data order '{}': the run keeps its Fisher-Yates order", dir,
+                          kFeistelSampler));
+  }
   if (const auto found = manifest.find("gradient_exponents"); found != manifest.end()) {
     if (!found->is_array() || found->size() != params.size()) {
       throw InputError(

@@ -13,6 +13,7 @@
 
 #include "checkpoint/Manifest.h"
 #include "checkpoint/StateLayout.h"
+#include "run/Sampler.h"
 #include "trainer/Comm.h"
 #include "trainer/Model.h"
 #include "trainer/Strategy.h"
@@ -25,21 +26,29 @@ struct TrainingPosition {
   /// Reproducible mode: the fixed-point scale exponent of each parameter
   /// (ExactGradients::exponents, kUnknown where none yet); empty otherwise.
   std::vector<int64_t> gradient_exponents;
+  /// The data order the run started with (a checkpoint of before
+  /// "feistel-1" keeps its Fisher-Yates order).
+  SampleOrder order = SampleOrder::Feistel;
 };
 
 class Checkpointer {
  public:
   /// `root`: the directory holding step-NNNNNNNN checkpoints. `fingerprint`
-  /// identifies what must not change across a resume (model, data,
-  /// optimizer, global batch); `keep`: newest checkpoints kept; `device`:
-  /// the run's, where the collectives' tensors live (a rank that holds no
-  /// state still takes part in them).
-  Checkpointer(std::string root, int64_t keep, std::string fingerprint, std::string strategy_name,
-               torch::Device device);
+  /// identifies what must not change across a resume (model and its
+  /// parameter table, data, seed, optimizer, global batch, data order);
+  /// `legacy_fingerprint` the same for checkpoints written before
+  /// "feistel-1" (Recipe::fingerprint: no seed, no parameter table);
+  /// `keep`: newest checkpoints of this run kept; `device`: the run's, where
+  /// the collectives' tensors live (a rank that holds no state still takes
+  /// part in them).
+  Checkpointer(std::string root, int64_t keep, std::string fingerprint, std::string legacy_fingerprint,
+               std::string strategy_name, torch::Device device);
 
-  /// Collective. Writes into step-N.tmp, fsyncs, renames to step-N, prunes
-  /// the oldest beyond `keep`. A crash at any point leaves earlier
-  /// checkpoints intact. Returns the checkpoint's directory.
+  /// Collective. Writes into step-N.tmp, fsyncs, renames to step-N, then
+  /// prunes this run's checkpoints (those of its lineage: started by it, or
+  /// by the run it resumed, and so on) older than step-N beyond `keep`;
+  /// another run's checkpoints are never removed. A crash at any point
+  /// leaves earlier checkpoints intact. Returns the checkpoint's directory.
   std::string save(Strategy& strategy, Model& model, Comm& comm, const TrainingPosition& position);
 
   /// Collective. Loads a checkpoint into the strategy: each rank opens only
@@ -54,12 +63,16 @@ class Checkpointer {
   /// differ). Returns the directory ("" for a fresh start) and, through
   /// `step`, the step its manifest names. When rank 0 fails, every rank
   /// throws: rank 0 its error, the others an InputError naming rank 0.
-  std::string resolve(const std::string& resume, Comm& comm, int64_t* step) const;
+  /// Sets the run's lineage: the resumed checkpoint's, or a new one.
+  std::string resolve(const std::string& resume, Comm& comm, int64_t* step);
 
-  /// This process alone: "" -> ""; "auto" -> the newest checkpoint under
-  /// root that verifies, saying which were skipped and why ("" when there is
-  /// none at all; InputError when there are some and none verifies); a path
-  /// -> that path, verified. InputError names a corrupt or foreign file.
+  /// This process alone: "" -> "" (InputError when root holds complete
+  /// checkpoints: another run's, which this one would mix its own with);
+  /// "auto" -> the newest checkpoint under root that verifies, saying which
+  /// were skipped and why ("" when there is none at all; InputError when
+  /// there are some and none verifies); a path -> that path, verified
+  /// (InputError when root holds a newer checkpoint than it: resuming would
+  /// interleave two histories). InputError names a corrupt or foreign file.
   std::string resolve_here(const std::string& resume) const;
 
   /// Throws InputError naming the first file whose size or checksum differs
@@ -67,12 +80,23 @@ class Checkpointer {
   static void verify(const std::string& dir);
 
  private:
+  void prune(int64_t written_step) const;
+
   std::string root_;
   int64_t keep_;
   std::string fingerprint_;
+  std::string legacy_fingerprint_;
+  std::string lineage_;                       // the manifests' run_id; "" for checkpoints written before it
+  SampleOrder order_ = SampleOrder::Feistel;  // the resumed run's (load)
   std::string strategy_name_;
   torch::Device device_;
 };
+
+/// What a checkpoint of this run must have been written by: the recipe's
+/// fingerprint (Recipe::fingerprint: model, data, optimizer, global batch),
+/// the seed (which draws the data order), the data order's name, and the
+/// model's parameter table (names, shapes, decay: the flat layout).
+std::string run_fingerprint(const std::string& recipe_fingerprint, uint64_t seed, Model& model);
 
 /// The whole flat groups of `name` ("values", "exp_avg", "exp_avg_sq") of a
 /// checkpoint, joined from its shards (whatever world size wrote it).

@@ -154,7 +154,7 @@ void check_final_weights(const KitRun& run, const Trained& trained, ConformanceR
 
 void check_checkpoints(const KitRun& run, const Trained& trained, const std::string& dir, const std::string& load,
                        ConformanceRow& row) {
-  Checkpointer checkpointer(dir, 1, "conformance", run.plugin.descriptor->name, run.device);
+  Checkpointer checkpointer(dir, 1, "conformance", "conformance", run.plugin.descriptor->name, run.device);
   const std::string saved =
       checkpointer.save(*trained.strategy, *trained.model, run.comm, TrainingPosition{kSteps, kSteps, {}});
   row.checkpoint_saved = holds_checkpoint(*trained.strategy, saved) ? 1 : 0;

@@ -55,6 +55,9 @@ RunConfig run_config(const Recipe& recipe, int world_size) {
   update.max_grad_norm = recipe.training.real("max_grad_norm");
   update.skip_nonfinite = recipe.training.text("on_nonfinite") == "skip";
 
+  if (fs::exists(config.output_dir) && !fs::is_directory(config.output_dir)) {
+    recipe.run.fail("output_dir", fmt::format("a directory for the run's outputs; {} is a file", config.output_dir));
+  }
   CheckpointPolicy& checkpoint = config.checkpoint;
   checkpoint.dir = recipe.checkpoint.text("dir");
   if (checkpoint.dir.empty()) checkpoint.dir = (fs::path(config.output_dir) / "checkpoints").string();

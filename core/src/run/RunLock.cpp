@@ -17,7 +17,7 @@
 
 namespace trainer {
 
-RunLock::RunLock(const std::string& dir) {
+RunLock::RunLock(const std::string& dir, const std::string& key) {
   const std::string path = (std::filesystem::path(dir) / ".trainer.lock").string();
   fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw InputError(fmt::format("{}: cannot create the run lock ({})", path, std::strerror(errno)));
@@ -27,10 +27,8 @@ RunLock::RunLock(const std::string& dir) {
     holder << in.rdbuf();
     close(fd_);
     fd_ = -1;
-    throw InputError(
-        fmt::format("run.output_dir {} is in use by another trainer run ({}); wait for it to end or "
-                    "choose another run.output_dir",
-                    dir, holder.str().empty() ? "holder unknown" : holder.str()));
+    throw InputError(fmt::format("{} {} is in use by another trainer run ({}); wait for it to end or choose another {}",
+                                 key, dir, holder.str().empty() ? "holder unknown" : holder.str(), key));
   }
   char host[256] = "?";
   gethostname(host, sizeof(host) - 1);

@@ -1,5 +1,6 @@
-// An advisory lock on a run's output directory, so that two runs never
-// write into one directory and destroy each other's outputs.
+// An advisory lock on a directory a run writes into (its output directory,
+// its checkpoint directory), so that two runs never write into one and
+// destroy each other's outputs.
 #pragma once
 
 #include <string>
@@ -12,9 +13,10 @@ namespace trainer {
 /// run simply takes it. Movable, not copyable.
 class RunLock {
  public:
-  /// Throws InputError naming the directory and the holder when another
-  /// process holds the lock.
-  explicit RunLock(const std::string& dir);
+  /// Throws InputError naming `key` (the recipe key that chose the
+  /// directory), the directory and the holder when another process holds
+  /// the lock.
+  RunLock(const std::string& dir, const std::string& key);
   RunLock(RunLock&& other) noexcept;
   RunLock& operator=(RunLock&&) = delete;
   RunLock(const RunLock&) = delete;

@@ -51,7 +51,7 @@ std::unique_ptr<Comm> connect_comm(const Recipe& recipe, const RunConfig& config
 }  // namespace
 
 RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& registry, const WorldInfo& world,
-                std::optional<RunLock>& lock) {
+                std::optional<RunLock>& lock, std::optional<RunLock>& checkpoint_lock) {
   RunParts run;
   run.context = Context{config.output_dir, config.device, config.seed, world.rank, world.world_size, world.local_rank};
   const Context& context = run.context;
@@ -67,9 +67,22 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
   }
   run.writer = world.rank == 0;
   if (run.writer) {
-    fs::create_directories(context.output_dir);
-    lock.emplace(context.output_dir);
-    write_file_atomically(fs::path(context.output_dir) / "recipe.toml", recipe.resolved_toml());
+    // Locked, not yet written: recipe.toml and the loggers' files wait until every input check has passed.
+    const auto make_dir = [&](const Options& section, const std::string& key, const std::string& dir) {
+      std::error_code error;
+      fs::create_directories(dir, error);
+      if (error || !fs::is_directory(dir)) {
+        section.fail(key, fmt::format("a directory this run can create and write; {}: {}", dir,
+                                      error ? error.message() : "not a directory"));
+      }
+    };
+    make_dir(recipe.run, "output_dir", context.output_dir);
+    lock.emplace(context.output_dir, "run.output_dir");
+    make_dir(recipe.checkpoint, "dir", config.checkpoint.dir);
+    std::error_code error;
+    if (!fs::equivalent(config.checkpoint.dir, context.output_dir, error)) {
+      checkpoint_lock.emplace(config.checkpoint.dir, "checkpoint.dir");
+    }
   }
   run.comm = connect_comm(recipe, config, registry, world, run.device, &run.store);
 

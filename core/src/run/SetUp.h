@@ -44,11 +44,11 @@ struct RunParts {
   std::unique_ptr<ExactGradients> exact;
 };
 
-/// Set-up: the output directory (locked by rank 0, recipe.toml written),
-/// the process group, the components, and the strategy's hold on the
-/// model, checked.
+/// Set-up: the output and checkpoint directories (created and locked by
+/// rank 0; nothing written in them yet), the process group, the
+/// components, and the strategy's hold on the model, checked.
 RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& registry, const WorldInfo& world,
-                std::optional<RunLock>& lock);
+                std::optional<RunLock>& lock, std::optional<RunLock>& checkpoint_lock);
 
 /// The run's description for loggers and the log.
 RunInfo describe_run(const RunConfig& config, const RunParts& run);

@@ -31,6 +31,8 @@
 #include "trainer/Strategy.h"
 #include "trainer/sharding/AdamW.h"
 #include "util/FaultInjection.h"
+#include "util/Files.h"
+#include "util/OutputClaims.h"
 
 namespace trainer {
 
@@ -275,11 +277,25 @@ bool agree_to_stop(RunParts& run) {
 
 void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& world) {
   const RunConfig config = run_config(recipe, world.world_size);
-  std::optional<RunLock> lock;  // held until train() returns
-  RunParts run = set_up(recipe, config, registry, world, lock);
+  std::optional<RunLock> lock, checkpoint_lock;  // held until train() returns
+  RunParts run = set_up(recipe, config, registry, world, lock, checkpoint_lock);
   const Context& context = run.context;
-  GlobalBatchSampler sampler(context.seed, run.dataset->size(), run.dataset->shuffle());
+  const fs::path out(context.output_dir);
+  const CheckpointPolicy& policy = config.checkpoint;
 
+  // The loggers claim their files before anything is written; no two
+  // outputs may be one file, nor a logger's one of the run's own.
+  struct ClaimsScope {
+    ClaimsScope(const fs::path& dir, const std::vector<OutputClaim>& own) { begin_output_claims(dir, own); }
+    ~ClaimsScope() { end_output_claims(); }
+  } claims(out, {{out / "recipe.toml", "the run's recipe.toml"},
+                 {out / "summary.json", "the run's summary.json"},
+                 {out / "memory.json", "the run's memory.json"},
+                 {out / "model.safetensors", "the run's final weights"},
+                 {out / "config.json", "the run's config.json"},
+                 {out / ".trainer.lock", "the run's lock"},
+                 {out / "profile", "the profiler's directory", true},
+                 {policy.dir, "checkpoint.dir", true}});
   std::vector<std::unique_ptr<Logger>> logger_list;
   for (const ComponentChoice& choice : recipe.loggers) {
     if (!run.writer) break;
@@ -289,8 +305,8 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   RunInfo info = describe_run(config, run);
 
   // Checkpoints, and where this run starts.
-  const CheckpointPolicy& policy = config.checkpoint;
-  Checkpointer checkpointer(policy.dir, policy.keep, config.fingerprint, info.strategy, run.device);
+  Checkpointer checkpointer(policy.dir, policy.keep, run_fingerprint(config.fingerprint, config.seed, *run.model),
+                            config.fingerprint, info.strategy, run.device);
   TrainingPosition position;
   int64_t from_step = 0;
   const std::string from = checkpointer.resolve(policy.resume, *run.comm, &from_step);
@@ -305,6 +321,9 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   } else if (policy.resume == "auto") {
     log::info(fmt::format("no checkpoint under {}; starting at step 0", policy.dir));
   }
+  GlobalBatchSampler sampler(context.seed, run.dataset->size(), run.dataset->shuffle(), position.order);
+  // Every input check has passed: the run's files may be written now.
+  if (run.writer) write_file_atomically(out / "recipe.toml", recipe.resolved_toml());
   info.first_step = position.step;
   StopSignals stop_signals;
   loggers.start(info);
@@ -331,6 +350,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
     loggers.log(step_record(outcome, std::chrono::duration<double>(step_end - step_start).count(),
                             std::chrono::duration<double>(step_end - run_start).count(), info,
                             memory_peaks(run.device)));
+    inject_stop(step + 1);
 
     if ((policy.interval > 0 && (step + 1) % policy.interval == 0) || stopping) {
       const TrainingPosition here{step + 1, applied_updates,
@@ -345,7 +365,6 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
                       step + 1));
     }
   }
-  const fs::path out(context.output_dir);
   write_memory_report(*run.strategy, *run.comm, run.device, out / "memory.json", run.writer);
   const std::vector<torch::Tensor> weights =
       consolidated_parameters(*run.model, *run.strategy, *run.comm, run.device, run.writer);

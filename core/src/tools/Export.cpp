@@ -2,6 +2,8 @@
 // from its shards, as a Hugging Face model directory.
 #include "tools/Export.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -52,6 +54,16 @@ void export_run(const std::string& run_dir, const std::string& to) {
   if (fs::exists(fs::path(to) / "model.safetensors")) {
     throw InputError(
         fmt::format("trainer export: {} already holds a model.safetensors; choose an empty directory", to));
+  }
+  if (!fs::exists(run_dir)) throw InputError(fmt::format("trainer export: {} does not exist", run_dir));
+  // The destination is made (or found) a writable directory before anything is read or written.
+  std::error_code error;
+  fs::create_directories(to, error);
+  if (error || !fs::is_directory(to) || access(to.c_str(), W_OK) != 0) {
+    throw InputError(fmt::format("trainer export: --to {}: expected a directory to write into ({})", to,
+                                 error                  ? error.message()
+                                 : fs::is_directory(to) ? "not writable"
+                                                        : "not a directory"));
   }
   if (fs::exists(fs::path(run_dir) / "manifest.json")) {  // a checkpoint
     export_checkpoint(run_dir, to);

@@ -35,17 +35,39 @@ inline void fsync_path(const std::filesystem::path& path) {
 }
 
 /// Writes `text` to PATH.tmp, flushes it to disk, then renames it over
-/// `path`: readers see the old file or the whole new one.
+/// `path`: readers see the old file or the whole new one. A PATH.tmp that
+/// cannot be created is bad input (InputError naming it: a missing or
+/// unwritable directory); a write that fails (a full disk, an I/O error) is
+/// a fault (TrainingError naming it). Either way PATH.tmp is removed and
+/// `path` is as it was.
 inline void write_file_atomically(const std::filesystem::path& path, const std::string& text) {
   const std::filesystem::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw InputError(temporary.string() + ": cannot write (" + std::strerror(errno) + ")");
+  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw InputError(temporary.string() + ": cannot create (" + std::strerror(errno) + ")");
+  size_t done = 0;
+  int failure = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      failure = n < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<size_t>(n);
   }
-  fsync_path(temporary);
-  std::filesystem::rename(temporary, path);
+  if (failure == 0 && fsync(fd) != 0 && errno != EINVAL) failure = errno;
+  if (close(fd) != 0 && failure == 0) failure = errno;
+  std::error_code ignored;
+  if (failure != 0) {
+    std::filesystem::remove(temporary, ignored);
+    throw TrainingError(temporary.string() + ": write failed (" + std::strerror(failure) + ")");
+  }
+  std::filesystem::rename(temporary, path, ignored);
+  if (ignored) {
+    const std::string why = ignored.message();
+    std::filesystem::remove(temporary, ignored);
+    throw InputError(path.string() + ": cannot replace it (" + why + ")");
+  }
 }
 
 }  // namespace trainer

@@ -37,7 +37,7 @@ std::optional<int64_t> step_of_row(const std::string& line) {
 
 class CsvLogger final : public Logger {
  public:
-  CsvLogger(const Options& options, const Context& context) : path_(run_path(options.text("path"), context)) {}
+  CsvLogger(const Options& options, const Context& context) : path_(claim_run_path(options, "path", context)) {}
 
   // A resumed run continues the file: the header and the rows up to the
   // checkpoint's step are kept, later ones (written before a crash) dropped.

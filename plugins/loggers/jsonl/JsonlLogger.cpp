@@ -31,7 +31,7 @@ std::optional<int64_t> step_of_record(const std::string& line) {
 
 class JsonlLogger final : public Logger {
  public:
-  JsonlLogger(const Options& options, const Context& context) : path_(run_path(options.text("path"), context)) {}
+  JsonlLogger(const Options& options, const Context& context) : path_(claim_run_path(options, "path", context)) {}
 
   // A resumed run continues the file: records past the checkpoint's step
   // (written before a crash) are dropped so every step appears once.

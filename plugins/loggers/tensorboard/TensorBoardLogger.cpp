@@ -82,7 +82,8 @@ constexpr Scalar kScalars[] = {
 
 class TensorBoardLogger final : public Logger {
  public:
-  TensorBoardLogger(const Options& options, const Context& context) : dir_(run_path(options.text("dir"), context)) {}
+  TensorBoardLogger(const Options& options, const Context& context)
+      : dir_(claim_run_path(options, "dir", context, true)) {}
 
   void start(const RunInfo& info) override {
     std::filesystem::create_directories(dir_);

@@ -18,6 +18,17 @@ namespace trainer {
 /// output directory.
 std::filesystem::path run_path(const std::string& path, const Context& context);
 
+/// The output of a logger whose key `key` names it (run_path of the
+/// option's value), claimed for it: InputError naming the key when the path
+/// is one of the run's own outputs (recipe.toml, summary.json, memory.json,
+/// model.safetensors, config.json, profile/, the checkpoint directory),
+/// another logger's output, inside or around one of them, or exists as the
+/// other kind (a directory where a file is written, a file where a
+/// directory is). Loggers call it in their constructor, so that a bad path
+/// is refused before the run writes anything.
+std::filesystem::path claim_run_path(const Options& options, const std::string& key, const Context& context,
+                                     bool directory = false);
+
 /// Which optimizer step a line of a logger's file records; nullopt for a
 /// line without one (a header, a crashed run's torn last line).
 using StepOfLine = std::function<std::optional<int64_t>(const std::string& line)>;
