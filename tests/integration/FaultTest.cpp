@@ -4,19 +4,17 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <sstream>
 #include <thread>
 
 #include "TestSupport.h"
-
-extern char** environ;
 
 namespace trainer {
 namespace {
@@ -41,20 +39,6 @@ TEST(Faults, DiskFullWhileCheckpointingKeepsEarlierCheckpoints) {
       << resumed.output;
   EXPECT_EQ(trainer("compare --rtol 0 " + straight + " " + dir).exit_code, 0);
   EXPECT_EQ(read_file(straight + "/summary.json"), read_file(dir + "/summary.json"));
-}
-
-pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  return pid;
 }
 
 // The processes whose parent is `parent`, from /proc/PID/stat ("pid (comm) state ppid ...").
@@ -92,32 +76,31 @@ TEST(Faults, ChaosKillsAndResumesEndBitIdentical) {
     if (resume) c.insert(c.end(), {"--set", "checkpoint.resume=auto"});
     return c;
   };
-  int status = 0;
-  const pid_t plain = spawn(command(straight, false), straight + ".log");
-  waitpid(plain, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_file(straight + ".log");
+  Job plain(command(straight, false), straight + ".log");
+  ASSERT_EQ(plain.wait(), 0) << read_file(straight + ".log");
 
   std::mt19937 random(20261201);
   std::uniform_int_distribution<int> delay_ms(100, 1500), which(0, 1);
   int kills = 0, runs = 0;
   bool done = false;
   while (!done && runs < 60) {
-    const pid_t job = spawn(command(dir, runs > 0), dir + ".log");
+    const size_t log_before = read_file(dir + ".log").size();
+    Job job(command(dir, runs > 0), dir + ".log", {}, /*append=*/true);
     ++runs;
     if (kills < 20) {
       // Once both workers exist, a random moment later, one of them dies.
       std::vector<pid_t> workers;
       for (int tries = 0; tries < 200 && workers.size() < 2; ++tries) {
         std::this_thread::sleep_for(std::chrono::milliseconds(25));
-        workers = children_of(job);
+        workers = children_of(job.pid());
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(random)));
-      if (!workers.empty() && kill(workers[static_cast<size_t>(which(random)) % workers.size()], SIGKILL) == 0) {
-        ++kills;
-      }
+      if (!workers.empty()) kill(workers[static_cast<size_t>(which(random)) % workers.size()], SIGKILL);
     }
-    waitpid(job, &status, 0);
-    done = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    done = job.wait() == 0;
+    // A kill counts when it hit a live worker: the launcher saw it die of it
+    // (a worker that had already exited is only reaped, never "killed").
+    if (read_file(dir + ".log").find("was killed by signal 9", log_before) != std::string::npos) ++kills;
   }
   std::cout << "chaos: " << kills << " kills over " << runs << " runs\n";  // figures for the record
   ASSERT_TRUE(done) << read_file(dir + ".log");
@@ -126,6 +109,37 @@ TEST(Faults, ChaosKillsAndResumesEndBitIdentical) {
   EXPECT_EQ(same.exit_code, 0) << same.output;
   EXPECT_EQ(read_file(straight + "/summary.json"), read_file(dir + "/summary.json"));
   EXPECT_EQ(read_file(straight + "/model.safetensors"), read_file(dir + "/model.safetensors"));
+}
+
+// A tokens file truncated under a running job: the job ends with exit 2
+// naming the file and the tokens it could not read (it was SIGBUS through
+// a mapping, with no message).
+TEST(Faults, ATokensFileTruncatedDuringTheRunIsNamed) {
+  const std::string dir = scratch_dir("FaultTruncated");
+  std::vector<uint16_t> tokens(200000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i % 64);
+  std::ofstream(dir + "/tokens.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+  const std::string recipe =
+      write_file(dir + "/recipe.toml", "[run]\noutput_dir = '" + dir +
+                                           "/run'\n[model]\nname = 'qwen2'\nvocab_size = 64\nhidden_size = 16\n"
+                                           "intermediate_size = 32\nnum_attention_heads = 2\nnum_key_value_heads = 1\n"
+                                           "[dataset]\nname = 'tokens'\npath = '" +
+                                           dir +
+                                           "/tokens.bin'\nseq_len = 16\nvocab_size = 64\n"
+                                           "[training]\nsteps = 1000000\nmicro_batch_size = 2\n");
+  const std::string log = dir + "/log.txt";
+  Job job({TRAINER_BINARY, "run", recipe}, log);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_file(dir + "/run/metrics.jsonl").empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(truncate((dir + "/tokens.bin").c_str(), 64), 0);  // 32 tokens: two windows at most
+  const int code = job.wait();
+  const std::string output = read_file(log);
+  EXPECT_EQ(code, 2) << output;  // 128 + 7 with SIGBUS
+  EXPECT_NE(output.find(dir + "/tokens.bin: cannot read tokens"), std::string::npos) << output;
+  EXPECT_NE(output.find("was it truncated or replaced during the run?"), std::string::npos) << output;
 }
 
 }  // namespace
