@@ -13,9 +13,11 @@ include("${CMAKE_CURRENT_LIST_DIR}/Step.cmake")
 step(${CMAKE_COMMAND} --install "${BUILD}" --prefix "${prefix}")
 set(trainer "${prefix}/bin/trainer")
 
+# Each project is named after its kind ("strategy", "model", ...): the SDK
+# declares a type of that name, which the generated class must not be.
 foreach(kind IN LISTS KINDS)
   set(project "${root}/${kind}")
-  step("${trainer}" new-plugin ${kind} my-${kind} "${project}")
+  step("${trainer}" new-plugin ${kind} ${kind} "${project}/")
   file(GLOB sources "${project}/src/*.cpp")
   if(NOT sources OR NOT EXISTS "${project}/CMakeLists.txt" OR NOT EXISTS "${project}/README.md")
     message(FATAL_ERROR "new-plugin ${kind} wrote no project:\n${output}")

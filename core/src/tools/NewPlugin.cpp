@@ -62,6 +62,99 @@ std::string replace_all(std::string text, const std::map<std::string, std::strin
 
 }  // namespace
 
+const std::vector<std::string>& sdk_type_names() {
+  // Kept equal to the headers' declarations by NewPlugin.ClassNamesAvoidEverySdkType.
+  static const std::vector<std::string> names = {"AdamWConfig",
+                                                 "AdamWState",
+                                                 "Batch",
+                                                 "Callback",
+                                                 "Comm",
+                                                 "CommSetup",
+                                                 "CommWork",
+                                                 "Component",
+                                                 "Context",
+                                                 "CreateFn",
+                                                 "Dataset",
+                                                 "DescribeFn",
+                                                 "Entry",
+                                                 "Finish",
+                                                 "FlatSlice",
+                                                 "GradientBucket",
+                                                 "GradientBuckets",
+                                                 "Impl",
+                                                 "InputError",
+                                                 "InputFunction",
+                                                 "Json",
+                                                 "KeySpec",
+                                                 "Kind",
+                                                 "Logger",
+                                                 "LossSum",
+                                                 "MemoryReport",
+                                                 "MetricField",
+                                                 "MicroStep",
+                                                 "Model",
+                                                 "NamedParameter",
+                                                 "NoKeys",
+                                                 "OptimizerShard",
+                                                 "Options",
+                                                 "ParameterGroup",
+                                                 "ParameterSlot",
+                                                 "ParameterUnit",
+                                                 "PluginDescriptor",
+                                                 "PluginKind",
+                                                 "QkvHeads",
+                                                 "RopeScaling",
+                                                 "RotaryTables",
+                                                 "RunInfo",
+                                                 "SafetensorsReader",
+                                                 "Sample",
+                                                 "Send",
+                                                 "Shard",
+                                                 "ShardGroups",
+                                                 "ShardReduction",
+                                                 "ShardedAdamW",
+                                                 "ShardedStrategy",
+                                                 "State",
+                                                 "StateSlice",
+                                                 "StepFile",
+                                                 "StepOfLine",
+                                                 "StepRecord",
+                                                 "Strategy",
+                                                 "StrategyEnv",
+                                                 "StreamedGradients",
+                                                 "Tokenizer",
+                                                 "TrainingError",
+                                                 "UnitHooks",
+                                                 "UpdateArgs",
+                                                 "Value",
+                                                 "ValueType"};
+  return names;
+}
+
+std::string plugin_class_name(const std::string& kind, const std::string& name) {
+  const auto camel = [](const std::string& words) {
+    std::string out;
+    bool upper = true;
+    for (const char c : words) {
+      if (c == '-') {
+        upper = true;
+        continue;
+      }
+      out += upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+      upper = false;
+    }
+    return out;
+  };
+  std::string class_name = camel(name);
+  const std::string suffix = camel(kind);
+  const bool has_suffix = class_name.size() > suffix.size() &&
+                          class_name.compare(class_name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  if (!has_suffix) class_name += suffix;
+  const std::vector<std::string>& sdk = sdk_type_names();
+  if (std::find(sdk.begin(), sdk.end(), class_name) != sdk.end()) class_name += "Plugin";
+  return class_name;
+}
+
 void new_plugin(const std::string& kind, const std::string& name, const std::string& dir) {
   const auto& about = kinds();
   if (about.count(kind) == 0) {
@@ -80,24 +173,21 @@ void new_plugin(const std::string& kind, const std::string& name, const std::str
                     "digits and '-' (at most 64), as recipes write it",
                     name));
   }
+  if (dir.empty()) throw InputError("new-plugin: DIR is empty; expected the project's directory");
   std::error_code error;
-  const std::filesystem::path target(dir);
+  // "dir/" and "dir/." name dir.
+  std::filesystem::path target = std::filesystem::path(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();
+  if (target.empty() || target.filename() == ".." || target.filename() == ".") {
+    throw InputError(fmt::format("new-plugin: DIR '{}': expected a directory's path with a name of its own", dir));
+  }
   if (std::filesystem::exists(target, error) &&
       (!std::filesystem::is_directory(target, error) || !std::filesystem::is_empty(target, error))) {
     throw InputError(fmt::format("new-plugin: {} exists and is not an empty directory; nothing was written", dir));
   }
-  std::string class_name, snake;
-  bool upper = true;
-  for (const char c : name) {
-    if (c == '-') {
-      upper = true;
-      snake += '_';
-      continue;
-    }
-    class_name += upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
-    snake += c;
-    upper = false;
-  }
+  const std::string class_name = plugin_class_name(kind, name);
+  std::string snake = name;
+  std::replace(snake.begin(), snake.end(), '-', '_');
   const std::map<std::string, std::string> values = {
       {"@ABOUT@", replace_all(about.at(kind), {{"@NAME@", name}})},
       {"@CLASS@", class_name},
@@ -108,7 +198,20 @@ void new_plugin(const std::string& kind, const std::string& name, const std::str
 
   // Written beside DIR, then renamed into place: DIR is whole or absent.
   const std::filesystem::path parent = std::filesystem::absolute(target).parent_path();
+  // Missing parents are made, and removed again when the project is not written.
+  std::vector<std::filesystem::path> made;
+  for (std::filesystem::path p = parent; !p.empty() && !std::filesystem::exists(p, error); p = p.parent_path()) {
+    made.push_back(p);
+    if (p == p.parent_path()) break;
+  }
   std::filesystem::create_directories(parent, error);
+  if (error || !std::filesystem::is_directory(parent, error)) {
+    throw InputError(fmt::format("new-plugin: {}: cannot make the directory it goes into, {}; nothing was written", dir,
+                                 parent.string()));
+  }
+  const auto remove_made = [&] {
+    for (const std::filesystem::path& p : made) std::filesystem::remove(p, error);  // innermost first; only if empty
+  };
   const std::filesystem::path staging = parent / fmt::format(".{}.new-plugin-{}", target.filename().string(), getpid());
   remove_tree(staging.string());
   std::vector<std::string> written;
@@ -130,9 +233,11 @@ void new_plugin(const std::string& kind, const std::string& name, const std::str
     std::filesystem::rename(staging, target);
   } catch (const std::filesystem::filesystem_error& failure) {
     remove_tree(staging.string());
+    remove_made();
     throw InputError(fmt::format("new-plugin: cannot write {}: {}; nothing was written", dir, failure.what()));
   } catch (...) {
     remove_tree(staging.string());
+    remove_made();
     throw;
   }
   std::sort(written.begin(), written.end());

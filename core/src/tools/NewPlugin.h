@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace trainer {
 
@@ -12,5 +13,16 @@ namespace trainer {
 /// not exist or be empty; it appears whole or not at all. InputError for an
 /// unknown kind, a name recipes cannot use, or a DIR in the way.
 void new_plugin(const std::string& kind, const std::string& name, const std::string& dir);
+
+/// The C++ class a project of `kind` named `name` declares: the name in
+/// CamelCase with the kind appended ("my-cache" dataset -> MyCacheDataset;
+/// "fast-model" model -> FastModel), and "Plugin" appended again when that
+/// is a type the SDK declares (the template's `using namespace trainer`
+/// would make it ambiguous: "sharded" strategy -> ShardedStrategyPlugin).
+std::string plugin_class_name(const std::string& kind, const std::string& name);
+
+/// The type names core/include declares (classes, structs, enums, aliases),
+/// which plugin_class_name avoids.
+const std::vector<std::string>& sdk_type_names();
 
 }  // namespace trainer
