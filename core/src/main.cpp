@@ -2,6 +2,7 @@
 // export, forward, tokenize, new-plugin. Exit codes: 0 success, 2 bad input
 // (recipe, plugin, data, command line), 1 failure while training, 75 stopped
 // by a signal after writing a checkpoint.
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -20,8 +21,12 @@
 #include "tools/Forward.h"
 #include "tools/NewPlugin.h"
 #include "tools/Tokenize.h"
+#include "trainer/Dataset.h"
 #include "trainer/Errors.h"
 #include "trainer/Log.h"
+#include "trainer/Model.h"
+#include "trainer/Strategy.h"
+#include "util/BriefError.h"
 
 namespace {
 
@@ -95,6 +100,9 @@ int list_plugins(PluginRegistry& registry, const std::string& name) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) makes a write fail with EFBIG, reported by
+  // the file's name, instead of killing the process with its files half written.
+  signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"trainer: train LibTorch models from a TOML recipe with run-time plugins"};
   app.require_subcommand(1);
   CommonArgs common;
@@ -230,10 +238,20 @@ int main(int argc, char** argv) {
     if (validate->parsed()) {
       // The same batch checks as `trainer run` with the recipe's local workers.
       const int local_workers = std::max(1, comm_settings(recipe).nproc);
-      run_config(recipe, local_workers);
+      const RunConfig config = run_config(recipe, local_workers);
       check_backend(recipe, registry, local_workers);
+      // The components check their options in their constructors, against
+      // the world size too; the model only checks (checking_only(): no
+      // weights allocated or loaded).
+      const Context context{config.output_dir, config.device, config.seed, 0, local_workers, 0};
+      {
+        const CheckingOnly checking;
+        PluginRegistry::create<Model>(*recipe.model.plugin, recipe.model.options, context);
+      }
+      PluginRegistry::create<Strategy>(*recipe.strategy.plugin, recipe.strategy.options, context);
+      PluginRegistry::create<Dataset>(*recipe.dataset.plugin, recipe.dataset.options, context);
       std::cout << recipe.resolved_toml();
-      log::info(fmt::format("{}: recipe is valid", recipe_file));
+      log::info(fmt::format("{}: recipe is valid (recipe fingerprint {})", recipe_file, config.fingerprint));
       return 0;
     }
     const CommSettings comm = comm_settings(recipe);
@@ -263,7 +281,7 @@ int main(int argc, char** argv) {
     log::error(fmt::format("training failed: {}", error.what()));
     return kExitTrainingFailed;
   } catch (const std::exception& error) {
-    log::error(fmt::format("training failed: {}", error.what()));
+    log::error(fmt::format("training failed: {}", brief_error(error)));
     return kExitTrainingFailed;
   }
 }

@@ -26,6 +26,7 @@
 #include "trainer/ops/RmsNorm.h"
 #include "trainer/ops/Rotary.h"
 #include "trainer/ops/SwiGlu.h"
+#include "trainer/util/CheckingOnly.h"
 #include "trainer/util/JsonSupport.h"
 #include "trainer/util/Safetensors.h"
 #include "trainer/util/TorchCompat.h"
@@ -44,10 +45,25 @@ struct Layer {
   Tensor input_norm, post_attention_norm;
 };
 
+// model.init_from: "" or a regular file (checked; read by the caller).
+std::string init_from(const Options& options) {
+  const std::string& from = options.text("init_from");
+  if (!from.empty() && !std::filesystem::is_regular_file(from)) {
+    options.fail("init_from", fmt::format("a .safetensors file; {} {}", from,
+                                          std::filesystem::exists(from) ? "is not a regular file" : "does not exist"));
+  }
+  return from;
+}
+
 class Qwen2Model final : public Model {
  public:
   Qwen2Model(const Options& options, const Context& context)
       : config_(qwen2::read_config(options)), checkpointing_(options.text("activation_checkpointing") == "full") {
+    if (checking_only()) {  // trainer validate: the configuration is checked; the weight files are found, not read
+      if (!options.text("hf_dir").empty()) qwen2::weight_files(options);
+      init_from(options);
+      return;
+    }
     at::Generator generator = compat::cpu_generator(context.seed);
     const Config& c = config_;
     const int64_t kv = c.num_kv_heads * c.head_dim();
@@ -74,14 +90,7 @@ class Qwen2Model final : public Model {
     // With tied embeddings a checkpoint's lm_head.weight, if present, is the
     // embedding again and is not read.
     if (!options.text("hf_dir").empty()) load_weights(options.text("hf_dir"), qwen2::weight_files(options));
-    if (const std::string& from = options.text("init_from"); !from.empty()) {
-      if (!std::filesystem::is_regular_file(from)) {
-        options.fail("init_from",
-                     fmt::format("a .safetensors file; {} {}", from,
-                                 std::filesystem::exists(from) ? "is not a regular file" : "does not exist"));
-      }
-      load_weights("model.init_from", {from});
-    }
+    if (const std::string& from = init_from(options); !from.empty()) load_weights("model.init_from", {from});
   }
 
   std::vector<NamedParameter> parameters() override { return parameters_; }

@@ -153,7 +153,8 @@ TEST(Strategies, HybridShardingHoldsItsGroupsShareAndAgrees) {
                                " --set run.output_dir=" + scratch_dir("Hybrid_refused") + " " + common +
                                " --set strategy.name=zero2 --set strategy.shard_group_size=3");
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
-  EXPECT_NE(refused.output.find("strategy.shard_group_size = 3: must divide the world size 4"), std::string::npos)
+  EXPECT_NE(refused.output.find("[strategy] shard_group_size: expected a divisor of the world size 4"),
+            std::string::npos)
       << refused.output;
 }
 

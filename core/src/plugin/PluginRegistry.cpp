@@ -2,6 +2,7 @@
 #include "plugin/PluginRegistry.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 
@@ -167,6 +168,15 @@ LoadedPlugin load_library(const std::string& path) {
 }
 
 }  // namespace
+
+namespace {
+std::atomic<bool> g_checking_only{false};
+}  // namespace
+
+bool checking_only() { return g_checking_only.load(); }
+
+CheckingOnly::CheckingOnly() { g_checking_only.store(true); }
+CheckingOnly::~CheckingOnly() { g_checking_only.store(false); }
 
 const char* kind_name(PluginKind kind) {
   switch (kind) {

@@ -18,6 +18,15 @@ struct LoadedPlugin {
   std::string file;  ///< canonical path of the .so
 };
 
+/// While one exists, checking_only() is true (trainer validate's components).
+class CheckingOnly {
+ public:
+  CheckingOnly();
+  ~CheckingOnly();
+  CheckingOnly(const CheckingOnly&) = delete;
+  CheckingOnly& operator=(const CheckingOnly&) = delete;
+};
+
 class PluginRegistry {
  public:
   /// Loads every trainer-*.so in each directory, in order. Missing

@@ -14,6 +14,14 @@ ShardedStrategy::ShardedStrategy(const Options& options, std::string name)
       reduce_dtype_(options.text("reduce_dtype") == "bf16" ? torch::kBFloat16 : torch::kFloat32),
       shard_group_size_(options.integer(kShardGroupSizeKey.name)) {}
 
+ShardedStrategy::ShardedStrategy(const Options& options, std::string name, const Context& context)
+    : ShardedStrategy(options, std::move(name)) {
+  if (shard_group_size_ != 0 && context.world_size % shard_group_size_ != 0) {
+    options.fail(kShardGroupSizeKey.name, fmt::format("a divisor of the world size {} (or 0: every rank), got {}",
+                                                      context.world_size, shard_group_size_));
+  }
+}
+
 void ShardedStrategy::join(Comm& world, const StrategyEnv& env) {
   groups_of_ = ShardGroups(world, shard_group_size_, name_);
   comm_ = &groups_of_.shard();

@@ -22,7 +22,7 @@ using namespace trainer;
 // full fp32 gradients reduce-scattered to the shards at the boundary.
 class Zero1Strategy final : public ShardedStrategy {
  public:
-  explicit Zero1Strategy(const Options& options) : ShardedStrategy(options, "zero1") {}
+  Zero1Strategy(const Options& options, const Context& context) : ShardedStrategy(options, "zero1", context) {}
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
     join(comm, env);

@@ -31,8 +31,8 @@ using namespace trainer;
 // ShardedStrategy's; this file is zero2's gradient path.
 class Zero2Strategy final : public ShardedStrategy {
  public:
-  explicit Zero2Strategy(const Options& options)
-      : ShardedStrategy(options, "zero2"),
+  Zero2Strategy(const Options& options, const Context& context)
+      : ShardedStrategy(options, "zero2", context),
         bucket_numel_(std::max<int64_t>(1, static_cast<int64_t>(options.real("bucket_mb") * 1024 * 1024 / 4))) {}
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {

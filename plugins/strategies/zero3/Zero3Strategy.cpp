@@ -103,8 +103,8 @@ struct Unit {
 
 class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
  public:
-  explicit Zero3Strategy(const Options& options)
-      : ShardedStrategy(options, "zero3"), prefetch_(options.integer("prefetch")) {}
+  Zero3Strategy(const Options& options, const Context& context)
+      : ShardedStrategy(options, "zero3", context), prefetch_(options.integer("prefetch")) {}
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
     join(comm, env);

@@ -53,6 +53,10 @@ class ShardedStrategy : public Strategy {
   /// `name` appears in messages. Reads the stage's `reduce_dtype` key and
   /// kShardGroupSizeKey from `options`.
   ShardedStrategy(const Options& options, std::string name);
+  /// The same, and kShardGroupSizeKey checked against `context`'s world
+  /// size at once (InputError naming the key), so that `trainer validate`,
+  /// which creates the strategy without training, refuses what run would.
+  ShardedStrategy(const Options& options, std::string name, const Context& context);
 
   /// First in a stage's setup, collective over `world`: forms the shard and
   /// replica groups and keeps the update's settings.
