@@ -111,9 +111,8 @@ TEST(Ops, StackedLinearEqualsSeparateLinearsWithOrWithoutAdjacentStorage) {
       b2.push_back(leaf(b[i].detach().clone()));
     }
     const torch::Tensor x2 = leaf(x.detach().clone());
-    const torch::Tensor y2 =
-        torch::cat({torch::linear(x2, w2[0], b2[0]), torch::linear(x2, w2[1], b2[1]), torch::linear(x2, w2[2], b2[2])},
-                   -1);
+    const torch::Tensor y2 = torch::cat(
+        {torch::linear(x2, w2[0], b2[0]), torch::linear(x2, w2[1], b2[1]), torch::linear(x2, w2[2], b2[2])}, -1);
     EXPECT_LT(relative_error(y, y2), kFp64);
     const torch::Tensor g = torch::randn(y.sizes(), kF64);
     y.backward(g);
@@ -238,7 +237,8 @@ TEST(Ops, RotaryTablesWithLlama3ScalingFollowTheRule) {
   EXPECT_GT(kept, 0);
   EXPECT_GT(between, 0);
   EXPECT_FALSE(torch::equal(tables.cos, plain.cos));
-  const ops::RotaryTables unit = ops::RotaryTables::make(seq, dim, theta, torch::kFloat64, torch::kCPU, ops::RopeScaling{});
+  const ops::RotaryTables unit =
+      ops::RotaryTables::make(seq, dim, theta, torch::kFloat64, torch::kCPU, ops::RopeScaling{});
   EXPECT_TRUE(torch::equal(unit.cos, plain.cos));  // factor 1: no scaling
 }
 
@@ -247,6 +247,29 @@ TEST(Ops, SwiGluIsSiluOfGateTimesUp) {
   const torch::Tensor x = torch::randn({3, 5, 8}, kF64);
   const torch::Tensor gate = x.narrow(-1, 0, 4), up = x.narrow(-1, 4, 4);
   EXPECT_LT(relative_error(ops::swiglu(x), gate / (1 + torch::exp(-gate)) * up), kFp64);
+}
+
+// A public op refuses what it cannot compute instead of dividing by zero or
+// reading past a table: an empty SwiGLU width, rotary tables of the wrong
+// dtype, device-independent shape or length.
+TEST(Ops, OpsRefuseInputsTheyCannotCompute) {
+  EXPECT_THROW(ops::swiglu(torch::zeros({2, 0}, kF64)), c10::Error);
+  EXPECT_THROW(ops::swiglu(torch::zeros({2, 3}, kF64)), c10::Error);
+  const int64_t t = 5, heads = 2, kv = 1, d = 4;
+  const torch::Tensor qkv = torch::randn({1, t, (heads + 2 * kv) * d}, kF64);
+  const auto tables = ops::RotaryTables::make(t, d, 10000.0, torch::kFloat64, torch::kCPU);
+  const auto short_tables = ops::RotaryTables::make(t - 1, d, 10000.0, torch::kFloat64, torch::kCPU);
+  const auto fp32_tables = ops::RotaryTables::make(t, d, 10000.0, torch::kFloat32, torch::kCPU);
+  const auto wide_tables = ops::RotaryTables::make(t, 2 * d, 10000.0, torch::kFloat64, torch::kCPU);
+  EXPECT_NO_THROW(ops::split_qkv_rotary(qkv, heads, kv, tables));
+  for (const ops::RotaryTables* bad : {&short_tables, &fp32_tables, &wide_tables}) {
+    EXPECT_THROW(ops::split_qkv_rotary(qkv, heads, kv, *bad), c10::Error);
+  }
+  EXPECT_THROW(ops::split_qkv_rotary(qkv, heads, kv, ops::RotaryTables{}), c10::Error);
+  // Longer tables than the sequence are fine: the first t rows are used.
+  const auto long_tables = ops::RotaryTables::make(t + 3, d, 10000.0, torch::kFloat64, torch::kCPU);
+  EXPECT_TRUE(torch::equal(ops::split_qkv_rotary(qkv, heads, kv, long_tables).q,
+                           ops::split_qkv_rotary(qkv, heads, kv, tables).q));
 }
 
 TEST(Ops, RmsNormMatchesItsDefinition) {

@@ -3,6 +3,7 @@
 #include "trainer/ops/Rotary.h"
 
 #include <cmath>
+#include <utility>
 
 #include <torch/autograd.h>
 
@@ -48,13 +49,29 @@ Shape shape_of(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads) {
   return s;
 }
 
+// The tables suit qkv: [>= seq, head_dim / 2] each, of the dtype the
+// arithmetic runs in (fp64 for fp64 inputs, fp32 otherwise), on qkv's device.
+void check_tables(const torch::Tensor& qkv, const Shape& s, const RotaryTables& tables) {
+  const torch::Dtype want = qkv.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  for (const auto& [name, table] :
+       {std::pair<const char*, const torch::Tensor&>{"cos", tables.cos}, {"sin", tables.sin}}) {
+    TORCH_CHECK(table.defined(), "split_qkv_rotary: the ", name, " table is undefined");
+    TORCH_CHECK(table.dim() == 2 && table.size(0) >= s.seq && table.size(1) == s.head_dim / 2, "split_qkv_rotary: the ",
+                name, " table is ", table.sizes(), "; expected [at least ", s.seq, ", ", s.head_dim / 2, "]");
+    TORCH_CHECK(table.scalar_type() == want, "split_qkv_rotary: the ", name, " table is ", table.scalar_type(),
+                "; expected ", want, " for ", qkv.scalar_type(), " inputs");
+    TORCH_CHECK(table.device() == qkv.device(), "split_qkv_rotary: the ", name, " table is on ", table.device(),
+                ", qkv on ", qkv.device());
+  }
+}
+
 // (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) over the pairs (i, i + d/2),
 // the same arithmetic as Hugging Face's x * cos + rotate_half(x) * sin.
 torch::Tensor rotate(const torch::Tensor& x, const RotaryTables& tables) {
   const int64_t half = x.size(-1) / 2;
   const torch::Tensor wide = x.to(accumulate_dtype(x));
-  const torch::Tensor cos = tables.cos.view({1, x.size(1), 1, half});
-  const torch::Tensor sin = tables.sin.view({1, x.size(1), 1, half});
+  const torch::Tensor cos = tables.cos.narrow(0, 0, x.size(1)).reshape({1, x.size(1), 1, half});
+  const torch::Tensor sin = tables.sin.narrow(0, 0, x.size(1)).reshape({1, x.size(1), 1, half});
   const torch::Tensor x1 = wide.narrow(-1, 0, half), x2 = wide.narrow(-1, half, half);
   return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1).to(x.scalar_type());
 }
@@ -114,6 +131,7 @@ struct QkvRotaryFunction : torch::autograd::Function<QkvRotaryFunction> {
 QkvHeads split_qkv_rotary_reference(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads,
                                     const RotaryTables& tables) {
   const Shape s = shape_of(qkv, heads, kv_heads);
+  check_tables(qkv, s, tables);
   const int64_t d = s.head_dim;
   auto part = [&](int64_t first, int64_t count) {
     return qkv.narrow(-1, first * d, count * d).reshape({s.batch, s.seq, count, d});
@@ -125,7 +143,10 @@ QkvHeads split_qkv_rotary_reference(const torch::Tensor& qkv, int64_t heads, int
 QkvHeads split_qkv_rotary(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads, const RotaryTables& tables) {
 #ifdef TRAINER_CUDA_KERNELS
   if (use_kernels(qkv)) {
-    const variable_list out = QkvRotaryFunction::apply(qkv, heads, kv_heads, tables.cos, tables.sin);
+    check_tables(qkv, shape_of(qkv, heads, kv_heads), tables);
+    // The kernels index the tables as dense rows.
+    const variable_list out =
+        QkvRotaryFunction::apply(qkv, heads, kv_heads, tables.cos.contiguous(), tables.sin.contiguous());
     return QkvHeads{out[0], out[1], out[2]};
   }
 #endif

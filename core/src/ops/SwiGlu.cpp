@@ -51,7 +51,9 @@ torch::Tensor swiglu_reference(const torch::Tensor& gate_up) {
 }
 
 torch::Tensor swiglu(const torch::Tensor& gate_up) {
-  TORCH_CHECK(gate_up.size(-1) % 2 == 0, "swiglu: the last dimension must hold gate and up (even width)");
+  TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) > 0 && gate_up.size(-1) % 2 == 0,
+              "swiglu: the last dimension must hold gate and up (an even width of at least 2), got shape ",
+              gate_up.sizes());
 #ifdef TRAINER_CUDA_KERNELS
   if (use_kernels(gate_up)) return SwiGluFunction::apply(gate_up);
 #endif

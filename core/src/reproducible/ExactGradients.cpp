@@ -80,9 +80,14 @@ void ExactGradients::add(size_t parameter, const torch::Tensor& gradient) {
   largest.copy_(torch::maximum(largest, wide.abs().max().reshape({1})));
   if (exponent == kUnknown) return;  // this pass only measures M_p
   // Clamped so that an out-of-range value (the pass is then not accepted) never
-  // reaches the integer conversion.
-  const torch::Tensor q =
-      (wide * std::ldexp(1.0, static_cast<int>(exponent))).round_().clamp_(-limit, limit).to(torch::kInt64);
+  // reaches the integer conversion, and NaN (its largest is then NaN: the
+  // step is non-finite) made 0 first, as the CUDA kernel's fmax does:
+  // converting NaN to an integer is undefined.
+  const torch::Tensor q = (wide * std::ldexp(1.0, static_cast<int>(exponent)))
+                              .round_()
+                              .nan_to_num_(0.0, limit, -limit)
+                              .clamp_(-limit, limit)
+                              .to(torch::kInt64);
   accumulator_.narrow(0, offsets_[parameter], q.numel()).add_(q);
 }
 
