@@ -8,7 +8,7 @@
 # an earlier one as far as it gets (CI is a regression gate that way);
 # FUZZ_SEED=0 takes a fresh random seed each run, for exploring.
 #   scripts/fuzz.sh [target...]     (targets: safetensors metrics manifest recipe jsonl-record hf-config
-#                                     tokenizer toml)
+#                                     tokenizer tokenizer-json token-rows toml)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -28,24 +28,43 @@ declare -A sources=([safetensors]="core/src/util/SafetensorsHeader.cpp" [metrics
                     [recipe]="core/src/recipe/Recipe.cpp core/src/recipe/TomlText.cpp core/src/recipe/CoreSections.cpp core/src/recipe/Options.cpp core/src/plugin/PluginRegistry.cpp"
                     [jsonl-record]="datasets/jsonl/JsonlRecord.cpp core/src/text/Tokenizer.cpp"
                     [hf-config]="models/qwen2/Qwen2Config.cpp core/src/recipe/Options.cpp"
-                    [tokenizer]="core/src/text/Tokenizer.cpp" [toml]="core/src/recipe/TomlText.cpp")
+                    [tokenizer]="core/src/text/Tokenizer.cpp" [tokenizer-json]="core/src/text/Tokenizer.cpp"
+                    [token-rows]="core/src/tools/TokenRows.cpp" [toml]="core/src/recipe/TomlText.cpp")
 declare -A names=([safetensors]=Safetensors [metrics]=Metrics [manifest]=Manifest [recipe]=Recipe
-                  [jsonl-record]=JsonlRecord [hf-config]=HfConfig [tokenizer]=Tokenizer [toml]=Toml)
+                  [jsonl-record]=JsonlRecord [hf-config]=HfConfig [tokenizer]=Tokenizer [tokenizer-json]=TokenizerJson
+                  [token-rows]=TokenRows [toml]=Toml)
 # The recipe target checks plugin names and keys against the build's plugins
 # (scripts/build.sh first); TOML++'s internal assertions stay no-ops, as in
 # the release build (with them on it aborts on input it then rejects cleanly).
 torch_headers="-DBOOST_DLL_USE_STD_FS -I/usr/include/torch/csrc/api/include"  # Plugin.h's torch/version.h
 declare -A extra=([recipe]="$torch_headers -DTOML_ASSERT(expr)=static_assert(true) -ldl"
                   [jsonl-record]="$torch_headers -Idatasets/jsonl" [hf-config]="$torch_headers -Imodels/qwen2"
-                  [tokenizer]="-DTRAINER_HAS_TOKENIZER -lpcre2-8 -lutf8proc" [toml]="-DTOML_ASSERT(expr)=static_assert(true)")
+                  [tokenizer]="-DTRAINER_HAS_TOKENIZER -lpcre2-8 -lutf8proc"
+                  [tokenizer-json]="-DTRAINER_HAS_TOKENIZER -lpcre2-8 -lutf8proc" [toml]="-DTOML_ASSERT(expr)=static_assert(true)")
 scripts/fetch-tokenizer.sh
 export FUZZ_PLUGIN_DIR="$root/build/lib/trainer/plugins"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors metrics manifest recipe jsonl-record hf-config tokenizer toml)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors metrics manifest recipe jsonl-record hf-config tokenizer tokenizer-json token-rows
+                                      toml)
 status=0
-for t in "${targets[@]}"; do
+# The targets compile TRAINER_BUILD_JOBS (default 2) at a time, then run one after another.
+build() {
   # shellcheck disable=SC2086
-  clang++ "${flags[@]}" "tests/fuzz/Fuzz${names[$t]}.cpp" ${sources[$t]} ${extra[$t]:-} -o "$out/fuzz-$t"
+  clang++ "${flags[@]}" "tests/fuzz/Fuzz${names[$1]}.cpp" ${sources[$1]} ${extra[$1]:-} -o "$out/fuzz-$1" \
+    > "$out/build-$1.log" 2>&1 || { echo "fuzz $1: does not compile"; cat "$out/build-$1.log"; return 1; }
+}
+pids=()
+for t in "${targets[@]}"; do
+  build "$t" &
+  pids+=($!)
+  if [ ${#pids[@]} -ge "${TRAINER_BUILD_JOBS:-2}" ]; then
+    wait "${pids[0]}" || status=1
+    pids=("${pids[@]:1}")
+  fi
+done
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+[ $status -eq 0 ] || exit 1
+for t in "${targets[@]}"; do
   rm -rf "$out/corpus-$t" && mkdir -p "$out/corpus-$t"
   if "$out/fuzz-$t" -seed="${FUZZ_SEED:-1}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
        -artifact_prefix="$out/crash-$t-" "$out/corpus-$t" "tests/fuzz/corpus/$t" >"$out/fuzz-$t.log" 2>&1; then

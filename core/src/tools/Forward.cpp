@@ -9,6 +9,7 @@
 
 #include "plugin/PluginRegistry.h"
 #include "run/RunConfig.h"
+#include "tools/TokenRows.h"
 #include "trainer/Errors.h"
 #include "trainer/Model.h"
 #include "trainer/util/JsonSupport.h"
@@ -16,27 +17,16 @@
 namespace trainer {
 
 void write_logits(const Recipe& recipe, const std::string& tokens_file, const std::string& out_file) {
-  std::ifstream in(tokens_file);
+  std::ifstream in(tokens_file, std::ios::binary);
   if (!in) throw InputError(fmt::format("{}: cannot open", tokens_file));
-  std::vector<std::vector<int64_t>> rows;
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
-    std::stringstream fields(line);
-    std::vector<int64_t> row;
-    for (int64_t id; fields >> id;) row.push_back(id);
-    if (row.empty()) continue;
-    if (!rows.empty() && row.size() != rows.front().size()) {
-      throw InputError(
-          fmt::format("{}:{}: {} ids, the first line has {}", tokens_file, number, row.size(), rows.front().size()));
-    }
-    rows.push_back(std::move(row));
-  }
-  if (rows.empty()) throw InputError(fmt::format("{}: no token ids", tokens_file));
+  std::stringstream text;
+  text << in.rdbuf();
   Context context;
   context.seed = static_cast<uint64_t>(recipe.run.integer("seed"));
   context.device = recipe.run.text("device");
   context.output_dir = output_dir_of(recipe);
   auto model = PluginRegistry::create<Model>(*recipe.model.plugin, recipe.model.options, context);
+  const std::vector<std::vector<int64_t>> rows = parse_token_rows(text.str(), tokens_file, model->vocab_size());
   const torch::Device device = context.device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   torch::NoGradGuard no_grad;
   for (const NamedParameter& p : model->parameters()) p.tensor.set_data(p.tensor.to(device));
