@@ -174,6 +174,7 @@ class Watchdog {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stopping_ && !aborted_.load()) {
       wake_.wait_for(lock, std::chrono::milliseconds(5));
+      if (stopping_ || aborted_.load()) break;  // stopped, or aborted by a launch (check_launch) meanwhile
       while (!pending_.empty() && cudaEventQuery(pending_.front()->done) == cudaSuccess) pending_.pop_front();
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
@@ -194,16 +195,20 @@ class Watchdog {
 
   // With mutex_ held. The message goes to stderr at once too: a thread of
   // this rank may be blocked on the device until the abort frees it.
-  // Marked aborted first: a host waiting on a collective that the abort
-  // lets finish must see the failure, not a result.
+  // Marked aborted before ncclCommAbort: a host waiting on a collective
+  // that the abort lets finish must see the failure, not a result.
+  // The process is poisoned before this communicator reads as aborted: a
+  // thread that sees the failure here and goes on to another communicator
+  // finds that one poisoned too (its launch aborts it; check_launch()).
   void abort(const std::string& failure) {
+    if (aborted_.load()) return;  // once: a second ncclCommAbort frees the communicator twice
+    poison_process(failure);
     failure_ = failure;
     aborted_.store(true);
     std::fprintf(stderr, "%s\n", failure.c_str());
     released_hang().store(true);  // an injected hang lets its stream go before the abort
     ncclCommAbort(comm_);
     pending_.clear();
-    poison_process(failure);
   }
 
  public:
