@@ -28,6 +28,7 @@ feistel-walks-one-short|core/src/run/Sampler.cpp|} while (x >= static_cast<uint6
 bpe-rightmost-first|core/src/text/Tokenizer.cpp|return rank != o.rank ? rank > o.rank : left > o.left;|return rank != o.rank ? rank > o.rank : left < o.left;|Tokenizer\.
 checksum-ignored|core/src/checkpoint/Checkpoint.cpp|  if (hash != member(f, key, file).get<std::string>()) {|  if (false) {|Checkpoint.CorruptShardIsNamedAndAutoFallsBack
 prune-any-lineage|core/src/checkpoint/Checkpoint.cpp|if (step < written_step && lineage_of(dir) == lineage_) mine.push_back(dir);|if (step < written_step) mine.push_back(dir);|HostileInput.CheckpointsOfAnotherRunAreNeitherMixedNorPruned
+zero2-unreported-full-gradient|plugins/strategies/zero2/Zero2Strategy.cpp|    world_ = &comm;\n    device_ = env.device;|    world_ = &comm;\n    device_ = env.device;\n    static std::vector<torch::Tensor> kept;\n    for (const NamedParameter& p : model.parameters()) kept.push_back(torch::zeros_like(p.tensor));|Strategies.ZeroMemoryFormulasAtWorldSizeFour
 claims-equal-paths-only|core/src/util/StepFile.cpp|if (within(claim.path, held.path) \|\| within(held.path, claim.path)) return held.owner;|if (claim.path == held.path) return held.owner;|HostileInput.LoggerOutputsThatCollideAreRefused
 EOF
 

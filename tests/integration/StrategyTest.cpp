@@ -71,6 +71,24 @@ int64_t memory_of(const std::string& dir, int rank, const std::string& key) {
   return -1;
 }
 
+// The strategy's report held to what the run measured: the tensor bytes its
+// setup left live on the rank's device (the CPU allocator counted, or the
+// CUDA caching allocator), and those still live after the first step (its
+// activations and transient buffers freed), each above the level before the
+// model was made. They differ only by small tensors the loop and the
+// strategies keep besides the state (scalars: 0 to 2.3 kB measured at
+// quickstart's shape), hence 4 kB; one unreported copy of the quickstart's
+// gradient or parameters would be 330 kB.
+void expect_measured_as_reported(const std::string& dir, int rank, const std::string& what) {
+  const int64_t reported = memory_of(dir, rank, "parameter_bytes") + memory_of(dir, rank, "gradient_bytes") +
+                           memory_of(dir, rank, "optimizer_bytes");
+  for (const char* key : {"measured_after_setup_bytes", "measured_after_first_step_bytes"}) {
+    const int64_t measured = memory_of(dir, rank, key);
+    EXPECT_GE(measured, reported) << what << " rank " << rank << ": " << key << " below what the strategy reports";
+    EXPECT_LE(measured, reported + 4096) << what << " rank " << rank << ": " << key << " beyond the report";
+  }
+}
+
 TEST(Strategies, ZeroMemoryFormulasAtWorldSizeFour) {
   std::map<std::string, std::string> dirs;
   for (const std::string& s : kStrategies) {
@@ -88,6 +106,7 @@ TEST(Strategies, ZeroMemoryFormulasAtWorldSizeFour) {
   const double padding = 2 * 64 * 4 * 3;
   auto quarter_of = [&](double ddp_bytes) { return 1.05 * ddp_bytes / 4 + padding; };
   for (int rank = 0; rank < 4; ++rank) {
+    for (const auto& [name, dir] : dirs) expect_measured_as_reported(dir, rank, name);
     const double p = memory_of(dirs["ddp"], rank, "parameter_bytes");
     const double g = memory_of(dirs["ddp"], rank, "gradient_bytes");
     const double o = memory_of(dirs["ddp"], rank, "optimizer_bytes");
@@ -133,6 +152,7 @@ TEST(Strategies, HybridShardingHoldsItsGroupsShareAndAgrees) {
     EXPECT_EQ(hashes.at(1), hashes.at(3)) << s << ": ranks 1 and 3 hold one shard";
     EXPECT_NE(hashes.at(0), hashes.at(1)) << s;
     for (int rank = 0; rank < 4; ++rank) {
+      expect_measured_as_reported(dir, rank, s);
       const double p = memory_of(ddp, rank, "parameter_bytes");
       const double g = memory_of(ddp, rank, "gradient_bytes");
       const double o = memory_of(ddp, rank, "optimizer_bytes");
@@ -172,6 +192,7 @@ TEST(Strategies, ZeroTwoHoldsAtMostTwoBucketsOfFullGradient) {
       run("Z2Buckets_small", "configs/quickstart.toml", overrides + " --set strategy.bucket_mb=0.02");
   const int64_t bound = 2 * 64 * 128 * 4 + (2 * 256 + 64) * 4;
   for (int rank = 0; rank < 4; ++rank) {
+    expect_measured_as_reported(small, rank, "zero2 small buckets");
     const int64_t peak = memory_of(small, rank, "peak_transient_gradient_bytes");
     EXPECT_GE(peak, 64 * 128 * 4) << rank;
     EXPECT_LE(peak, bound) << rank;

@@ -6,8 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
-#include <regex>
 #include <set>
 
 #include "TestSupport.h"
@@ -15,15 +15,29 @@
 namespace trainer {
 namespace {
 
-// Every class, struct, enum and alias name core/include declares, read from the headers.
+// Every class, struct, enum and alias name core/include declares, read from
+// the headers: an identifier starting with a capital letter after one of
+// the declaring keywords.
 std::set<std::string> declared_in_headers() {
   std::set<std::string> names;
-  const std::regex declaration(R"((?:class|struct|enum class|enum|using)\s+([A-Z][A-Za-z0-9_]*)\b)");
+  const auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
   for (const auto& entry : std::filesystem::recursive_directory_iterator(source_path("core/include"))) {
     if (entry.path().extension() != ".h") continue;
     const std::string text = read_file(entry.path().string());
-    for (auto it = std::sregex_iterator(text.begin(), text.end(), declaration); it != std::sregex_iterator(); ++it) {
-      names.insert((*it)[1].str());
+    for (const std::string keyword : {"class", "struct", "enum", "using"}) {
+      for (size_t at = text.find(keyword); at != std::string::npos; at = text.find(keyword, at + 1)) {
+        if ((at > 0 && word_char(text[at - 1])) || at + keyword.size() >= text.size() ||
+            !std::isspace(static_cast<unsigned char>(text[at + keyword.size()]))) {
+          continue;  // part of a longer word
+        }
+        size_t begin = at + keyword.size();
+        while (begin < text.size() && std::isspace(static_cast<unsigned char>(text[begin]))) ++begin;
+        if (text.compare(begin, 6, "class ") == 0) begin += 6;  // enum class
+        size_t end = begin;
+        while (end < text.size() && word_char(text[end])) ++end;
+        if (end > begin && std::isupper(static_cast<unsigned char>(text[begin])))
+          names.insert(text.substr(begin, end - begin));
+      }
     }
   }
   return names;

@@ -3,16 +3,21 @@
 #include "run/DeviceStats.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
+#include <unordered_map>
 #include <vector>
 
 #include <unistd.h>
 
+#include <c10/core/CPUAllocator.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
+#include <torch/version.h>
 
 #include <fmt/format.h>
 
@@ -27,6 +32,85 @@ namespace trainer {
 namespace {
 c10::DeviceIndex index_of(const torch::Device& device) { return device.index() < 0 ? 0 : device.index(); }
 }  // namespace
+
+// The CPU allocator, counted: each allocation comes from the allocator it
+// replaces and is recorded (pointer -> size and that allocator's deleter)
+// until freed. The data pointer stays its own context, as LibTorch's
+// raw_allocate expects of a CPU allocator.
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)  // allocate() lost its const
+  c10::DataPtr allocate(size_t bytes) override { return wrap(inner_->allocate(bytes), bytes); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+#else
+  c10::DataPtr allocate(size_t bytes) const override { return wrap(inner_->allocate(bytes), bytes); }
+#endif
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+  static CountingCpuAllocator*& instance() {
+    static CountingCpuAllocator* allocator = nullptr;
+    return allocator;
+  }
+  int64_t live() const { return live_.load(); }
+
+ private:
+  struct Held {
+    size_t bytes;
+    c10::DataPtr inner;
+  };
+
+  c10::DataPtr wrap(c10::DataPtr inner, size_t bytes) const {
+    void* data = inner.get();
+    if (data == nullptr) return inner;
+    const c10::Device device = inner.device();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      held_.emplace(data, Held{bytes, std::move(inner)});
+    }
+    live_ += static_cast<int64_t>(bytes);
+    return c10::DataPtr(data, data, &release, device);
+  }
+
+  static void release(void* data) {
+    CountingCpuAllocator* self = instance();
+    c10::DataPtr inner;
+    {
+      std::lock_guard<std::mutex> lock(self->mutex_);
+      const auto it = self->held_.find(data);
+      if (it == self->held_.end()) return;  // not ours (cannot happen: only our DataPtrs name this deleter)
+      self->live_ -= static_cast<int64_t>(it->second.bytes);
+      inner = std::move(it->second.inner);
+      self->held_.erase(it);
+    }
+  }  // `inner` frees the memory through the replaced allocator's deleter
+
+  c10::Allocator* inner_;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<void*, Held> held_;
+  mutable std::atomic<int64_t> live_{0};
+};
+
+void count_cpu_allocations() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static CountingCpuAllocator allocator(c10::GetCPUAllocator());
+    CountingCpuAllocator::instance() = &allocator;
+    c10::SetCPUAllocator(&allocator, /*priority=*/100);
+  });
+}
+
+int64_t live_bytes(const torch::Device& device) {
+#ifdef TRAINER_CUDA_KERNELS
+  if (device.is_cuda()) {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(index_of(device)).allocated_bytes[0].current;
+  }
+#endif
+  (void)device;
+  const CountingCpuAllocator* allocator = CountingCpuAllocator::instance();
+  return allocator ? allocator->live() : -1;
+}
 
 void reset_memory_peaks(const torch::Device& device) {
 #ifdef TRAINER_CUDA_KERNELS

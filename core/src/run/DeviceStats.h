@@ -15,6 +15,16 @@ struct MemoryPeaks {
   int64_t rss_bytes = -1;  ///< the process's resident set on the CPU; -1 on CUDA
 };
 
+/// Makes every LibTorch CPU allocation of this process counted (from now
+/// on; earlier tensors are not), so that live_bytes() can measure CPU
+/// memory as the CUDA caching allocator measures device memory. Idempotent.
+void count_cpu_allocations();
+
+/// Bytes of tensor memory allocated and not yet freed on `device`: the CUDA
+/// caching allocator's current allocated bytes, or on the CPU the counted
+/// allocations (count_cpu_allocations(); -1 when not counting).
+int64_t live_bytes(const torch::Device& device);
+
 /// Starts a new peak window on `device` (CUDA); nothing on the CPU.
 void reset_memory_peaks(const torch::Device& device);
 

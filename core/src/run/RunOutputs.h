@@ -13,8 +13,19 @@
 
 namespace trainer {
 
+/// What the run measured of its tensor memory on its device (live_bytes
+/// above the level before the model was made), as opposed to what the
+/// strategy reports: after the strategy's setup, and after the first step
+/// (activations and transients freed again). -1: not measured.
+struct MeasuredMemory {
+  int64_t after_setup_bytes = -1;
+  int64_t after_first_step_bytes = -1;
+};
+
+/// Every rank's MemoryReport and MeasuredMemory, gathered to rank 0 and
+/// written as memory.json (collective).
 void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, const std::filesystem::path& file,
-                         bool writer);
+                         bool writer, const MeasuredMemory& measured);
 /// XXH3-128 (hex) of the tensors' bytes one after the other (contiguous, on
 /// the host): summary.json's weights hash, the kit's gradient hash.
 std::string tensors_xxh3(const std::vector<torch::Tensor>& tensors);

@@ -86,6 +86,11 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
   }
   run.comm = connect_comm(recipe, config, registry, world, run.device, &run.store);
 
+  // Tensor memory from here to the end of the strategy's setup is the
+  // model's and the strategy's: memory.json holds it beside the strategy's
+  // own report.
+  count_cpu_allocations();
+  run.memory_baseline = live_bytes(run.device);
   run.model = PluginRegistry::create<Model>(*recipe.model.plugin, recipe.model.options, context);
   run.dataset = PluginRegistry::create<Dataset>(*recipe.dataset.plugin, recipe.dataset.options, context);
   run.strategy = PluginRegistry::create<Strategy>(*recipe.strategy.plugin, recipe.strategy.options, context);
@@ -100,6 +105,7 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
 
   run.strategy->setup(*run.model, *run.comm, StrategyEnv{run.device, config.update.adamw, config.compute_dtype});
   check_state_coverage(*run.strategy, *run.model, *run.comm, run.device, run.strategy_name);
+  run.measured_setup_bytes = live_bytes(run.device) - run.memory_baseline;
 
   const MemoryReport memory = run.strategy->memory();
   log::info(fmt::format("rank {} holds {} parameter, {} gradient and {} optimizer-state bytes", world.rank,

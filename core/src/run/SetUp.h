@@ -38,6 +38,11 @@ struct RunParts {
   std::unique_ptr<Strategy> strategy;
   std::string dataset_name, model_name, strategy_name;
   int64_t parameter_count = 0;
+  // Tensor bytes live on the run's device (live_bytes) before the model is
+  // made, and above that after the strategy's setup and after the first step.
+  int64_t memory_baseline = 0;
+  int64_t measured_setup_bytes = -1;
+  int64_t measured_after_step_bytes = -1;
   // Reproducible mode only; declared last, so the hooks go before the model.
   bool gradient_probed = false;  // install_gradient's check for copies ran
   std::unique_ptr<ReproducibleSettings> reproducible;

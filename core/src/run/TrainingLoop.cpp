@@ -344,6 +344,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
     const Clock::time_point step_start = Clock::now();
     reset_memory_peaks(run.device);
     const StepOutcome outcome = optimizer_step(run, sampler, config.update, step, applied_updates);
+    if (step == position.step) run.measured_after_step_bytes = live_bytes(run.device) - run.memory_baseline;
     const bool stopping = agree_to_stop(run);
     const Clock::time_point step_end = Clock::now();
     profiler.step_ended(step + 1);
@@ -365,7 +366,8 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
                       step + 1));
     }
   }
-  write_memory_report(*run.strategy, *run.comm, run.device, out / "memory.json", run.writer);
+  write_memory_report(*run.strategy, *run.comm, run.device, out / "memory.json", run.writer,
+                      {run.measured_setup_bytes, run.measured_after_step_bytes});
   const std::vector<torch::Tensor> weights =
       consolidated_parameters(*run.model, *run.strategy, *run.comm, run.device, run.writer);
   write_summary(*run.strategy, *run.comm, run.device, out / "summary.json", run.writer, config.steps, applied_updates,
