@@ -38,10 +38,23 @@ if [ "${1:-}" = "--list" ]; then
 fi
 wanted=("$@")
 
-# The copy: tracked files as they are in the working tree, and the fetched
-# tokenizer the tests read.
+# The copy: tracked files as they are in the working tree (only those whose
+# bytes differ are written, so they alone are newer than the copy's build),
+# and the fetched tokenizer the tests read.
 mkdir -p "$src"
-git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$src"
+git ls-files -z | python3 -c '
+import os, shutil, sys
+src = sys.argv[1]
+for name in sys.stdin.buffer.read().decode().split("\0"):
+    if not name or not os.path.isfile(name):
+        continue
+    target = os.path.join(src, name)
+    if os.path.isfile(target) and open(name, "rb").read() == open(target, "rb").read():
+        continue
+    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+    shutil.copyfile(name, target)
+    shutil.copymode(name, target)
+' "$src"
 scripts/fetch-tokenizer.sh >/dev/null
 mkdir -p "$src/.cache" && rm -rf "$src/.cache/tokenizers" && cp -r .cache/tokenizers "$src/.cache/"
 if [ ! -f "$build/CMakeCache.txt" ]; then
