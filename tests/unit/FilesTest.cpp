@@ -1,0 +1,59 @@
+// write_file_atomically: the old file or the whole new one, never a PATH.tmp
+// left behind; a failed write is a fault (TrainingError), a file that
+// cannot be created is bad input (InputError).
+#include "util/Files.h"
+
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "TestSupport.h"
+
+namespace trainer {
+namespace {
+
+// A file-size limit of 16 bytes in a child process (ulimit -f): the write
+// of 4 kB fails with EFBIG, as on a full disk.
+TEST(Files, AFailedWriteKeepsTheOldFileAndLeavesNoTemporary) {
+  const std::string dir = scratch_dir("FilesAtomic");
+  const std::string path = write_file(dir + "/summary.json", "old\n");
+  const pid_t child = fork();
+  if (child == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{16, 16};
+    setrlimit(RLIMIT_FSIZE, &limit);
+    try {
+      write_file_atomically(path, std::string(4096, 'x'));
+    } catch (const TrainingError& error) {
+      _exit(std::string(error.what()).find("summary.json.tmp: write failed") != std::string::npos ? 10 : 11);
+    } catch (...) {
+      _exit(12);
+    }
+    _exit(13);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 10) << "11: another message, 12: another exception, 13: no error";
+  EXPECT_EQ(read_file(path), "old\n");
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  // A directory that does not exist: bad input, naming the file.
+  try {
+    write_file_atomically(dir + "/missing/summary.json", "x");
+    ADD_FAILURE() << "wrote into a missing directory";
+  } catch (const InputError& error) {
+    EXPECT_NE(std::string(error.what()).find("missing/summary.json.tmp: cannot create"), std::string::npos)
+        << error.what();
+  }
+  write_file_atomically(path, "new\n");
+  EXPECT_EQ(read_file(path), "new\n");
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+}
+
+}  // namespace
+}  // namespace trainer
