@@ -23,7 +23,7 @@ ddp-rank-1-skips-update|plugins/strategies/ddp/DdpStrategy.cpp|  void apply_upda
 checkpoint-range-twice|core/src/checkpoint/Checkpoint.cpp|      for (const Range& range : written[r]) ranges.push_back(Json::array({range.group, range.begin, range.end}));|      for (const Range& range : written[r]) ranges.push_back(Json::array({range.group, range.begin, range.end}));\n      if (r == 0 && !written[r].empty()) ranges.push_back(ranges[0]);|Checkpoint.ExactResumeForEveryStrategyAtWorldSizeTwo
 warmup-off-by-one|core/src/run/LrSchedule.cpp|peak_lr * static_cast<double>(step + 1)|peak_lr * static_cast<double>(step)|LrSchedule\.
 adam-no-bias-correction|core/src/sharding/AdamW.cpp|const double bias_correction1 = 1.0 - std::pow(config.beta1, static_cast<double>(step));|const double bias_correction1 = 1.0;|AdamW\.
-clipping-off|core/src/sharding/AdamW.cpp|  return std::min(1.0, max_norm / (total_norm + 1e-6));|  return 1.0;|AdamW\.
+clipping-off|core/src/sharding/AdamW.cpp|  return std::min(1.0, max_norm / (total_norm + 1e-6));|  return 1.0;|GradientNorm\.
 feistel-walks-one-short|core/src/run/Sampler.cpp|} while (x >= static_cast<uint64_t>(n_));|} while (x > static_cast<uint64_t>(n_));|Sampler\.
 bpe-rightmost-first|core/src/text/Tokenizer.cpp|return rank != o.rank ? rank > o.rank : left > o.left;|return rank != o.rank ? rank > o.rank : left < o.left;|Tokenizer\.
 checksum-ignored|core/src/checkpoint/Checkpoint.cpp|  if (hash != member(f, key, file).get<std::string>()) {|  if (false) {|Checkpoint.CorruptShardIsNamedAndAutoFallsBack
