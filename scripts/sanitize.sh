@@ -42,8 +42,10 @@ cd build-asan
 # across strategies and world sizes: the checkpoint code of
 # Checkpoint.ExactResume* and SeveralRanks.*; hybrid sharding's groups:
 # CommGroups.* and the kit's hybrid splits): 256 s of the sanitized run.
+# And the optimizer kit's grid (its code runs here in Optimizers.*, Muon.*,
+# ConformanceOptimizers.MuonUnderZero3AtWorldSizeFour and the broken ones).
 skip='Reproducible\..*ForEverySplitAndStrategy|Strategies\.AllStrategiesAndSplitsOfOneGlobalBatchAgree'
 skip="$skip|Faults\.ChaosKillsAndResumesEndBitIdentical|Sdk\.NewPluginProjectsBuildAndPassTheirTests"
 skip="$skip|Distributed\.CommunicationLatencyChangesNoBits|Checkpoint\.ResumesUnderAnotherStrategyAndWorldSize"
-skip="$skip|Strategies\.HybridShardingHoldsItsGroupsShareAndAgrees"
+skip="$skip|Strategies\.HybridShardingHoldsItsGroupsShareAndAgrees|ConformanceOptimizers\.MuonAndLionPassUnderEveryStrategy"
 ctest --output-on-failure -j "${TRAINER_TEST_JOBS:-2}" -LE gpu -E "$skip" "$@"

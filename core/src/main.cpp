@@ -69,6 +69,21 @@ void print_keys(const KeySpec* keys, size_t count) {
   }
 }
 
+// check-plugin's argument names an optimizer (not a strategy).
+bool is_optimizer_plugin(PluginRegistry& registry, const std::string& name) {
+  try {
+    registry.find(PluginKind::Strategy, name);
+    return false;
+  } catch (const InputError& as_strategy) {
+    try {
+      registry.find(PluginKind::Optimizer, name);
+      return true;
+    } catch (const InputError&) {
+      throw InputError(fmt::format("{} (nor is it an optimizer plugin)", as_strategy.what()));
+    }
+  }
+}
+
 int list_plugins(PluginRegistry& registry, const std::string& name) {
   if (!name.empty()) {
     bool found = false;
@@ -129,9 +144,18 @@ int main(int argc, char** argv) {
   ConformanceRequest check;
   std::vector<std::string> split_texts;
   std::string rank_report;
-  CLI::App* check_plugin_cmd =
-      app.add_subcommand("check-plugin", "run the conformance kit (the accumulation contract) on a strategy plugin");
-  check_plugin_cmd->add_option("strategy", check.strategy, "strategy plugin name or .so path")->required();
+  std::vector<std::string> check_strategies;
+  CLI::App* check_plugin_cmd = app.add_subcommand(
+      "check-plugin", "run the conformance kit (the accumulation contract) on a strategy or optimizer plugin");
+  check_plugin_cmd->add_option("plugin", check.strategy, "strategy or optimizer plugin: a name or .so path")
+      ->required();
+  check_plugin_cmd->add_option("--optimizer", check.optimizer,
+                               "for a strategy: the optimizer it updates with (default adamw)");
+  check_plugin_cmd->add_option("--optimizer-set", check.optimizer_settings,
+                               "KEY=VALUE (a TOML value, e.g. state_dtype='bf16') for the optimizer (repeatable)");
+  check_plugin_cmd->add_option("--strategy", check_strategies,
+                               "for an optimizer: the strategies it is checked under (repeatable; default ddp, zero1, "
+                               "zero2, zero3, with their hybrid splits)");
   check_plugin_cmd->add_option(
       "--split", split_texts,
       "micro,accum,world with product 8, or micro,accum,world,shard_group_size (repeatable; default: six splits, "
@@ -216,6 +240,12 @@ int main(int argc, char** argv) {
     if (plugins->parsed()) return list_plugins(registry, plugin_name);
     if (check_plugin_cmd->parsed()) {
       for (const std::string& text : split_texts) check.splits.push_back(parse_split(text));
+      if (rank_report.empty() && is_optimizer_plugin(registry, check.strategy)) {
+        check.optimizer = check.strategy;
+        if (check_strategies.empty()) check_strategies = {"ddp", "zero1", "zero2", "zero3"};
+        check.plugin_dirs = common.plugin_dirs;
+        return check_optimizer(registry, check, check_strategies, "/proc/self/exe");
+      }
       if (check.splits.empty()) {
         check.splits = default_splits(registry.find(PluginKind::Strategy, check.strategy));
         check.bf16 = true;

@@ -44,6 +44,38 @@ TEST(Checkpoint, ExactResumeForEveryStrategyAtWorldSizeTwo) {
   }
 }
 
+// tests/data/checkpoint-format3-adamw holds a checkpoint written before
+// optimizers were plugins (step 2 of its recipe; no "state" in the
+// manifest). It resumes as AdamW's state, and steps 3 and 4 are the bits
+// of an uninterrupted run; an optimizer with other state refuses it by name.
+TEST(Checkpoint, AnAdamWCheckpointOfBeforeOptimizerPluginsResumesBitForBit) {
+  const std::string data = std::string(TRAINER_SOURCE_DIR) + "/tests/data/checkpoint-format3-adamw";
+  const std::string dir = scratch_dir("CkFormat3");
+  std::string recipe = read_file(data + "/recipe.toml");
+  recipe.replace(recipe.find("OUTPUT"), 6, dir + "/straight");
+  write_file(dir + "/recipe.toml", recipe);
+  auto result = trainer("run " + dir + "/recipe.toml --set training.steps=4 --set checkpoint.interval=0");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const std::string resume = " --set checkpoint.resume=" + data + "/step-00000002";
+  result = trainer("run " + dir + "/recipe.toml --set training.steps=4 --set checkpoint.interval=0" + resume +
+                   " --set run.output_dir=" + dir + "/resumed");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const std::vector<MetricsRow> straight = read_metrics(dir + "/straight/metrics.jsonl");
+  const std::vector<MetricsRow> resumed = read_metrics(dir + "/resumed/metrics.jsonl");
+  ASSERT_EQ(straight.size(), 4u);
+  ASSERT_EQ(resumed.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(resumed[i].at("step"), straight[i + 2].at("step"));
+    EXPECT_EQ(resumed[i].at("loss"), straight[i + 2].at("loss"));
+    EXPECT_EQ(resumed[i].at("grad_norm"), straight[i + 2].at("grad_norm"));
+  }
+  EXPECT_EQ(read_file(dir + "/straight/model.safetensors"), read_file(dir + "/resumed/model.safetensors"));
+  result = trainer("run " + dir + "/recipe.toml --set training.steps=4 --set optimizer.name=lion" + resume +
+                   " --set run.output_dir=" + dir + "/lion");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("step-00000002/manifest.json"), std::string::npos) << result.output;
+}
+
 TEST(Checkpoint, ResumesUnderAnotherStrategyAndWorldSize) {
   const std::vector<std::tuple<std::string, int, std::string, int>> cases = {
       {"zero3", 4, "zero1", 2}, {"zero2", 2, "zero3", 4}, {"zero1", 2, "ddp", 1}};

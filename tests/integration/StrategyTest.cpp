@@ -77,15 +77,17 @@ int64_t memory_of(const std::string& dir, int rank, const std::string& key) {
 // activations and transient buffers freed), each above the level before the
 // model was made. They differ only by small tensors the loop and the
 // strategies keep besides the state (scalars: 0 to 2.3 kB measured at
-// quickstart's shape), hence 4 kB; one unreported copy of the quickstart's
-// gradient or parameters would be 330 kB.
+// quickstart's shape) and, after the step, by what autograd's worker
+// threads may not have released yet when backward() returns on a loaded
+// machine (5.1 kB seen once under ctest -j2), hence 16 kB; one unreported
+// copy of the quickstart's gradient or parameters would be 330 kB.
 void expect_measured_as_reported(const std::string& dir, int rank, const std::string& what) {
   const int64_t reported = memory_of(dir, rank, "parameter_bytes") + memory_of(dir, rank, "gradient_bytes") +
                            memory_of(dir, rank, "optimizer_bytes");
   for (const char* key : {"measured_after_setup_bytes", "measured_after_first_step_bytes"}) {
     const int64_t measured = memory_of(dir, rank, key);
     EXPECT_GE(measured, reported) << what << " rank " << rank << ": " << key << " below what the strategy reports";
-    EXPECT_LE(measured, reported + 4096) << what << " rank " << rank << ": " << key << " beyond the report";
+    EXPECT_LE(measured, reported + 16384) << what << " rank " << rank << ": " << key << " beyond the report";
   }
 }
 

@@ -12,7 +12,7 @@
 #include "plugin/PluginRegistry.h"
 #include "trainer/Comm.h"
 #include "trainer/Errors.h"
-#include "trainer/sharding/ShardedAdamW.h"
+#include "trainer/sharding/OptimizerShards.h"
 #include "unit/StubComm.h"
 
 namespace trainer {

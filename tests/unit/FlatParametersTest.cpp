@@ -68,6 +68,9 @@ TEST(Shard, ShardsTileTheBuffer) {
 TEST(FlatParameters, EveryStrategysShardsStartOn64ElementBoundaries) {
   PluginRegistry registry;
   registry.discover({TRAINER_PLUGIN_DIR});
+  const LoadedPlugin& adamw = registry.find(PluginKind::Optimizer, "adamw");
+  const std::unique_ptr<Optimizer> optimizer =
+      PluginRegistry::create<Optimizer>(adamw, plugin_options(adamw, ""), Context{});
   for (const char* name : {"ddp", "zero1", "zero2", "zero3"}) {
     const LoadedPlugin& plugin = registry.find(PluginKind::Strategy, name);
     for (int world = 1; world <= 8; ++world) {
@@ -79,7 +82,7 @@ TEST(FlatParameters, EveryStrategysShardsStartOn64ElementBoundaries) {
         context.world_size = world;
         std::unique_ptr<Strategy> strategy =
             PluginRegistry::create<Strategy>(plugin, plugin_options(plugin, ""), context);
-        strategy->setup(*model, comm, StrategyEnv{torch::kCPU, AdamWConfig{}});
+        strategy->setup(*model, comm, StrategyEnv{torch::kCPU, optimizer.get()});
         const std::vector<StateSlice> slices = strategy->state_slices();
         EXPECT_FALSE(slices.empty()) << fmt::format("{} rank {} of {}", name, rank, world);
         for (const StateSlice& slice : slices) {

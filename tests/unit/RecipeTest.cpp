@@ -93,6 +93,28 @@ TEST_F(RecipeTest, UnknownKeySuggestsTheClosest) {
   EXPECT_NE(message.find("did you mean 'micro_batch_size'?"), std::string::npos) << message;
 }
 
+// [optimizer] holds the core's keys (name, lr) and the chosen optimizer
+// plugin's; the plugin is created with its own keys only, and a key of
+// another optimizer is refused by name.
+TEST_F(RecipeTest, OptimizerSectionTakesThePluginsKeys) {
+  const Recipe muon = load(std::string(kMinimal) + "[optimizer]\nname = 'muon'\nlr = 0.02\nmomentum = 0.9\n");
+  EXPECT_EQ(std::string(muon.optimizer_plugin.plugin->descriptor->name), "muon");
+  EXPECT_EQ(muon.optimizer.real("lr"), 0.02);
+  EXPECT_EQ(muon.optimizer_plugin.options.real("momentum"), 0.9);
+  EXPECT_EQ(muon.optimizer_plugin.options.real("beta2"), 0.999);  // AdamW's half
+  for (const Options::Entry& e : muon.optimizer_plugin.options.entries()) EXPECT_NE(e.key, "lr");
+  const std::string message = error_of(std::string(kMinimal) + "[optimizer]\nmomentum = 0.9\n");
+  EXPECT_NE(message.find("[optimizer] unknown key 'momentum'"), std::string::npos) << message;
+  const std::string unknown = error_of(std::string(kMinimal) + "[optimizer]\nname = 'adam'\n");
+  EXPECT_NE(unknown.find("adamw"), std::string::npos) << unknown;
+  // The default optimizer's fingerprint is the one checkpoints of before
+  // optimizer plugins carry: bf16 state changes it, fp32 (the default) does not.
+  const Recipe plain = load(kMinimal);
+  EXPECT_EQ(load(kMinimal, {"optimizer.state_dtype='fp32'"}).fingerprint(8), plain.fingerprint(8));
+  EXPECT_NE(load(kMinimal, {"optimizer.state_dtype='bf16'"}).fingerprint(8), plain.fingerprint(8));
+  EXPECT_NE(load(kMinimal, {"optimizer.name=lion"}).fingerprint(8), plain.fingerprint(8));
+}
+
 TEST_F(RecipeTest, UnknownPluginKeySuggestsTheClosest) {
   const std::string message = error_of("[model]\nname = \"qwen2\"\nhiden_size = 8\n[dataset]\nname = \"synthetic\"\n");
   EXPECT_NE(message.find("[model] unknown key 'hiden_size' (did you mean 'hidden_size'?)"), std::string::npos)

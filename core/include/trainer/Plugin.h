@@ -20,9 +20,9 @@ namespace trainer {
 /// other field, so `abi_version` must stay the first member forever.
 /// core/include/trainer/abi-digest.txt records a digest of the SDK headers
 /// for each version; a test fails when the headers change and it does not.
-inline constexpr uint32_t kAbiVersion = 7;
+inline constexpr uint32_t kAbiVersion = 8;
 
-enum class PluginKind : uint32_t { Strategy = 0, Model = 1, Dataset = 2, Logger = 3, Comm = 4 };
+enum class PluginKind : uint32_t { Strategy = 0, Model = 1, Dataset = 2, Logger = 3, Comm = 4, Optimizer = 5 };
 
 /// "strategy", "model", ... as used in recipes and `trainer plugins`.
 const char* kind_name(PluginKind kind);
@@ -107,7 +107,7 @@ Component* create(const Options& options, const Context& context) {
 
 /// Defines and exports a plugin's descriptor, once per plugin, at global
 /// scope. KIND: a PluginKind enumerator (Strategy, Model, Dataset, Logger,
-/// Comm); CLASS: the component (see plugin_detail::create for its
+/// Comm, Optimizer); CLASS: the component (see plugin_detail::create for its
 /// constructor); NAME, VERSION, DESCRIPTION: string literals; KEYS: its
 /// recipe keys, an array of KeySpec, a container of them with data() and
 /// size() that outlives the process, or trainer::kNoKeys.

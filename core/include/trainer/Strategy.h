@@ -4,28 +4,23 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <torch/types.h>
 
 #include "trainer/Comm.h"
 #include "trainer/Model.h"
+#include "trainer/Optimizer.h"
 #include "trainer/Plugin.h"
 
 namespace trainer {
 
-/// The recipe's [optimizer] settings besides the learning rate (which the
-/// loop's schedule gives each step, UpdateArgs::lr).
-struct AdamWConfig {
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-};
-
 /// What a strategy learns at setup besides its own options.
 struct StrategyEnv {
   torch::Device device = torch::kCPU;
-  AdamWConfig adamw;
+  /// The recipe's optimizer (outlives the strategy). Strategies update
+  /// through it, never naming one: see sharding/OptimizerShards.h.
+  Optimizer* optimizer = nullptr;
   /// Parameters and activations compute in this dtype (training.precision);
   /// master weights, optimizer state and gradient accumulation stay fp32.
   torch::Dtype compute_dtype = torch::kFloat32;
@@ -40,18 +35,11 @@ struct MicroStep {
   int64_t target_tokens = 0;  ///< N_t over the whole global batch (all ranks), > 0
 };
 
-/// The update the loop decided on after reduce_gradients_and_norm().
-struct UpdateArgs {
-  double lr = 0.0;
-  double grad_scale = 1.0;  ///< clipping coefficient, 1.0 when not clipping
-  int64_t adam_step = 1;    ///< 1-based count of applied updates (bias correction)
-};
-
 /// Per-rank bytes of model state, for checking the ZeRO memory formulas.
 struct MemoryReport {
   int64_t parameter_bytes = 0;
   int64_t gradient_bytes = 0;
-  int64_t optimizer_bytes = 0;                ///< master weights (if separate) + Adam moments
+  int64_t optimizer_bytes = 0;                ///< master weights (if separate) + the optimizer's state
   int64_t peak_gathered_parameter_bytes = 0;  ///< zero3: largest live gathered units
   int64_t peak_transient_gradient_bytes = 0;  ///< zero2: most full-gradient bucket bytes live at once in backward
 };
@@ -65,12 +53,14 @@ struct FlatSlice {
 };
 
 /// Views of the optimizer state this rank owns for one piece of the flat
-/// layout: fp32 master values and AdamW moments, all of one length. Writing
-/// into them (then calling state_loaded) restores a checkpoint.
+/// layout: fp32 master values and the optimizer's state tensors (one per
+/// Optimizer::state_names() entry), all of one length. Writing into them
+/// (then calling state_loaded) restores a checkpoint.
 struct StateSlice {
   size_t group = 0;
   int64_t offset = 0;
-  torch::Tensor values, exp_avg, exp_avg_sq;
+  torch::Tensor values;
+  std::vector<torch::Tensor> state;
 };
 
 /// Call order per optimizer step: for each micro-step forward and backward
@@ -105,7 +95,8 @@ class Strategy : public Component {
   /// norm of the whole gradient over all ranks, before clipping, the same
   /// value on every rank. The loop decides clipping and skipping from it.
   virtual double reduce_gradients_and_norm() = 0;
-  /// One AdamW step with `args` on the state this rank owns, then whatever
+  /// One optimizer step (StrategyEnv::optimizer) with `args` on the state
+  /// this rank owns, then whatever
   /// makes every rank's parameters current again (e.g. an all-gather), then
   /// zeroes the gradient accumulators. Collective.
   virtual void apply_update(const UpdateArgs& args) = 0;

@@ -34,11 +34,9 @@ using manifest::Range;
 
 namespace {
 
-const char* kStateNames[] = {"values", "exp_avg", "exp_avg_sq"};
-
 // File `reader`'s tensor of `state` for `group`: the ranges of the group it
 // holds, one after the other; its length is checked against them.
-torch::Tensor read_group(const SafetensorsReader& reader, size_t group, const char* state,
+torch::Tensor read_group(const SafetensorsReader& reader, size_t group, const std::string& state,
                          const std::vector<Range>& ranges) {
   const int64_t length = group_length(ranges, group);
   if (length == 0) return torch::zeros({0});
@@ -161,13 +159,16 @@ void Checkpointer::prune(int64_t written_step) const {
 }
 
 Checkpointer::Checkpointer(std::string root, int64_t keep, std::string fingerprint, std::string legacy_fingerprint,
-                           std::string strategy_name, torch::Device device)
+                           std::string strategy_name, torch::Device device, std::vector<std::string> state_names)
     : root_(std::move(root)),
       keep_(keep),
       fingerprint_(std::move(fingerprint)),
       legacy_fingerprint_(std::move(legacy_fingerprint)),
       strategy_name_(std::move(strategy_name)),
-      device_(device) {}
+      device_(device) {
+  names_.push_back("values");
+  names_.insert(names_.end(), state_names.begin(), state_names.end());
+}
 
 std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, const TrainingPosition& position) {
   const int rank = comm.rank(), world = comm.world_size();
@@ -193,14 +194,19 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
   }
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   torch::NoGradGuard no_grad;
-  std::vector<FlatSlice> held[3];  // views of the values, then of each moment
+  // Views of the values, then of each state tensor (saved as fp32: a bf16
+  // state widens exactly, and loads back as the same bits).
+  std::vector<std::vector<FlatSlice>> held(names_.size());
   for (const StateSlice& s : slices) {
+    if (s.state.size() + 1 != names_.size()) {
+      throw std::logic_error(fmt::format("strategy '{}': a state slice holds {} state tensors, the optimizer names {}",
+                                         strategy_name_, s.state.size(), names_.size() - 1));
+    }
     held[0].push_back({s.group, s.offset, s.values});
-    held[1].push_back({s.group, s.offset, s.exp_avg});
-    held[2].push_back({s.group, s.offset, s.exp_avg_sq});
+    for (size_t k = 0; k < s.state.size(); ++k) held[k + 1].push_back({s.group, s.offset, s.state[k]});
   }
   for (size_t g = 0; g < group_numel.size(); ++g) {
-    for (int k = 0; k < 3; ++k) {
+    for (size_t k = 0; k < names_.size(); ++k) {
       torch::Tensor out = torch::zeros({group_length(written[rank], g)});
       int64_t at = 0;
       for (const Range& range : written[rank]) {
@@ -208,7 +214,7 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
         fill_range(held[k], range, out.narrow(0, at, range.size()));
         at += range.size();
       }
-      tensors.emplace_back(fmt::format("group{}.{}", g, kStateNames[k]), out);
+      tensors.emplace_back(fmt::format("group{}.{}", g, names_[k]), out);
     }
   }
   const fs::path shard = temporary / fmt::format("rank-{:05d}.safetensors", rank);
@@ -254,6 +260,7 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
                   {"run_id", lineage_},
                   {"rng", "none used by training"},
                   {"group_numel", group_numel},
+                  {"state", std::vector<std::string>(names_.begin() + 1, names_.end())},
                   {"files", files},
                   {"parameters", parameters}};
     if (!position.gradient_exponents.empty()) {
@@ -384,7 +391,7 @@ std::string Checkpointer::resolve_here(const std::string& resume) const {
   return "";
 }
 
-std::vector<torch::Tensor> checkpoint_state(const std::string& dir, const char* name) {
+std::vector<torch::Tensor> checkpoint_state(const std::string& dir, const std::string& name) {
   const Json manifest = trainer::manifest::read(dir);
   const fs::path file = fs::path(dir) / "manifest.json";
   const std::vector<std::vector<Range>> ranges = manifest::file_ranges(manifest, file);
@@ -470,16 +477,32 @@ TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, 
     return *readers[r];
   };
   torch::NoGradGuard no_grad;
+  // A checkpoint of before "state" (format 3) holds AdamW's moments.
+  const auto saved_state = manifest.find("state");
+  std::vector<std::string> saved_names = {"exp_avg", "exp_avg_sq"};
+  if (saved_state != manifest.end()) {
+    saved_names.clear();
+    const bool strings = saved_state->is_array() && std::all_of(saved_state->begin(), saved_state->end(),
+                                                                [](const Json& n) { return n.is_string(); });
+    if (!strings) throw InputError(fmt::format("{}: 'state' must be an array of state names", file.string()));
+    for (const Json& n : *saved_state) saved_names.push_back(n.get<std::string>());
+  }
+  if (saved_names != std::vector<std::string>(names_.begin() + 1, names_.end())) {
+    throw InputError(
+        fmt::format("{}: holds optimizer state [{}], this run's optimizer keeps [{}]; resume with the "
+                    "optimizer that wrote it",
+                    file.string(), fmt::join(saved_names, ", "), fmt::join(names_.begin() + 1, names_.end(), ", ")));
+  }
   for (StateSlice& s : strategy.state_slices()) {
-    for (int k = 0; k < 3; ++k) {
-      torch::Tensor& target = k == 0 ? s.values : (k == 1 ? s.exp_avg : s.exp_avg_sq);
+    for (size_t k = 0; k < names_.size(); ++k) {
+      torch::Tensor& target = k == 0 ? s.values : s.state.at(k - 1);
       for (size_t r = 0; r < ranges.size(); ++r) {
         torch::Tensor held;  // read once the file turns out to hold some of the slice
         int64_t at = 0;
         for (const Range& range : ranges[r]) {
           int64_t begin = 0, end = 0;
           if (overlap(s, target.numel(), range, &begin, &end)) {
-            if (!held.defined()) held = read_group(reader(r), s.group, kStateNames[k], ranges[r]);
+            if (!held.defined()) held = read_group(reader(r), s.group, names_[k], ranges[r]);
             target.narrow(0, begin - s.offset, end - begin)
                 .copy_(held.narrow(0, at + begin - range.begin, end - begin));
           }

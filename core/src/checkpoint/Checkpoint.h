@@ -40,9 +40,11 @@ class Checkpointer {
   /// "feistel-1" (Recipe::fingerprint: no seed, no parameter table);
   /// `keep`: newest checkpoints of this run kept; `device`: the run's, where
   /// the collectives' tensors live (a rank that holds no state still takes
-  /// part in them).
+  /// part in them); `state_names`: the optimizer's (Optimizer::state_names),
+  /// in the order of StateSlice::state.
   Checkpointer(std::string root, int64_t keep, std::string fingerprint, std::string legacy_fingerprint,
-               std::string strategy_name, torch::Device device);
+               std::string strategy_name, torch::Device device,
+               std::vector<std::string> state_names = {"exp_avg", "exp_avg_sq"});
 
   /// Collective. Writes into step-N.tmp, fsyncs, renames to step-N, then
   /// prunes this run's checkpoints (those of its lineage: started by it, or
@@ -90,6 +92,7 @@ class Checkpointer {
   SampleOrder order_ = SampleOrder::Feistel;  // the resumed run's (load)
   std::string strategy_name_;
   torch::Device device_;
+  std::vector<std::string> names_;  // "values", then the optimizer's state names
 };
 
 /// What a checkpoint of this run must have been written by: the recipe's
@@ -98,8 +101,9 @@ class Checkpointer {
 /// model's parameter table (names, shapes, decay: the flat layout).
 std::string run_fingerprint(const std::string& recipe_fingerprint, uint64_t seed, Model& model);
 
-/// The whole flat groups of `name` ("values", "exp_avg", "exp_avg_sq") of a
-/// checkpoint, joined from its shards (whatever world size wrote it).
-std::vector<torch::Tensor> checkpoint_state(const std::string& dir, const char* name);
+/// The whole flat groups of `name` ("values", or one of the optimizer's
+/// state names: AdamW's "exp_avg", "exp_avg_sq") of a checkpoint, joined from its shards (whatever world size wrote
+/// it).
+std::vector<torch::Tensor> checkpoint_state(const std::string& dir, const std::string& name);
 
 }  // namespace trainer

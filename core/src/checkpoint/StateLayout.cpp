@@ -96,8 +96,8 @@ void check_state_coverage(Strategy& strategy, Model& model, Comm& comm, torch::D
   // of another length than the values.
   bool bad = false;
   for (const StateSlice& s : states) {
-    bad = bad || s.group >= sizes.size() || s.values.dim() != 1 || s.exp_avg.numel() != s.values.numel() ||
-          s.exp_avg_sq.numel() != s.values.numel();
+    bad = bad || s.group >= sizes.size() || s.values.dim() != 1;
+    for (const torch::Tensor& t : s.state) bad = bad || t.numel() != s.values.numel();
   }
   for (const FlatSlice& s : parameters) bad = bad || s.group >= sizes.size() || s.values.dim() != 1;
   torch::Tensor flags = torch::zeros({world}, torch::TensorOptions().dtype(torch::kInt64).device(device));
@@ -112,7 +112,7 @@ void check_state_coverage(Strategy& strategy, Model& model, Comm& comm, torch::D
     if (flags[r].item<int64_t>() != 0) {
       throw InputError(
           fmt::format("strategy '{}': rank {}'s state or parameter slices name a group beyond the model's {}, are "
-                      "not 1-D, or have values and moments of unequal lengths (trainer/Strategy.h, state_slices)",
+                      "not 1-D, or have values and state of unequal lengths (trainer/Strategy.h, state_slices)",
                       strategy_name, r, sizes.size()));
     }
   }

@@ -28,7 +28,7 @@ void check_gradient(const KitRun& run, const Reference& reference, const Fixture
                     ConformanceRow& row) {
   std::unique_ptr<Model> model = make_model(run.registry);
   std::unique_ptr<Strategy> strategy = run.fresh_strategy();
-  strategy->setup(*model, run.comm, StrategyEnv{run.device, run.adamw});
+  strategy->setup(*model, run.comm, StrategyEnv{run.device, &run.optimizer});
   // What checkpoints and the final weights need of the slices' layout.
   check_state_coverage(*strategy, *model, run.comm, run.device, run.plugin.descriptor->name);
   const double norm = strategy_step(*strategy, *model, first, run.split, run.world.rank, run.device);
@@ -44,7 +44,7 @@ void check_reproducible(const KitRun& run, const Reference& reference, const Fix
     const ReproducibleSettings settings;
     std::unique_ptr<Model> model = make_model(run.registry);
     std::unique_ptr<Strategy> strategy = run.fresh_strategy();
-    strategy->setup(*model, run.comm, StrategyEnv{run.device, run.adamw});
+    strategy->setup(*model, run.comm, StrategyEnv{run.device, &run.optimizer});
     ExactGradients exact(*model, kGlobalBatch, run.device);
     const int64_t count = run.split.micro * run.split.accum;
     run_exact_passes(exact, *strategy, run.comm, count, [&](int64_t k) {
@@ -78,7 +78,7 @@ Trained train_steps(const KitRun& run, const LoadedPlugin& which, double max_nor
   t.model = make_model(run.registry);
   t.strategy = PluginRegistry::create<Strategy>(
       which, plugin_options(which, &which == &run.plugin ? run.split.options() : ""), run.context);
-  t.strategy->setup(*t.model, run.comm, StrategyEnv{run.device, run.adamw});
+  t.strategy->setup(*t.model, run.comm, StrategyEnv{run.device, &run.optimizer});
   for (int step = 0; step < kSteps; ++step) {
     const Fixture f = fixture(step);
     const double norm = strategy_step(*t.strategy, *t.model, f, run.split, run.world.rank, run.device);
@@ -94,7 +94,7 @@ Trained train_steps(const KitRun& run, const LoadedPlugin& which, double max_nor
         (*min_ratio)[g] = torch::minimum((*min_ratio)[g], ratio);
       }
     }
-    ref->update(clip_coefficient(ref_norm, max_norm), run.adamw, step + 1);
+    ref->update(clip_coefficient(ref_norm, max_norm), step + 1);
   }
   for (const FlatSlice& slice : t.strategy->parameter_slices()) t.values.push_back(slice.values.clone());
   return t;
@@ -103,7 +103,7 @@ Trained train_steps(const KitRun& run, const LoadedPlugin& which, double max_nor
 }  // namespace
 
 Trained train_against_reference(const KitRun& run, double max_norm) {
-  Reference ref(run.registry, run.device);
+  Reference ref(run.registry, run.optimizer, run.device);
   const std::vector<torch::Tensor> start = ref.values();
   std::vector<torch::Tensor> min_ratio;
   Trained trained = train_steps(run, run.plugin, max_norm, &ref, &min_ratio);
@@ -149,21 +149,62 @@ void check_final_weights(const KitRun& run, const Trained& trained, ConformanceR
   if (run.world.rank != 0) return;
   std::vector<FlatSlice> whole;
   for (size_t g = 0; g < full.size(); ++g) whole.push_back({g, 0, full[g].to(trained.start.at(g).device())});
-  row.final_weights_error = relative_error(minus(whole, trained.start), trained.reference_change, &trained.mask);
+  const std::vector<FlatSlice> change = minus(whole, trained.start);
+  row.final_weights_error = relative_error(change, trained.reference_change, &trained.mask);
+  // Per parameter, by the flat layout's slots.
+  std::unique_ptr<Model> layout_model = make_model(run.registry);
+  const std::vector<ParameterGroup> layout = flatten_parameters(layout_model->parameters(), torch::kCPU, 1);
+  row.unchanged_parameters = row.wrong_parameters = 0;
+  for (size_t g = 0; g < layout.size(); ++g) {
+    for (const ParameterSlot& slot : layout[g].slots) {
+      const std::vector<FlatSlice> mine = {{g, slot.offset, change.at(g).values.narrow(0, slot.offset, slot.numel)}};
+      const bool moved = mine[0].values.abs().max().item<double>() > 0;
+      const double error = relative_error(mine, trained.reference_change, &trained.mask);
+      if (!moved) ++row.unchanged_parameters;
+      const double tolerance = kPerParameterFactor * row.param_tolerance;
+      if (error > tolerance) ++row.wrong_parameters;
+      if (!moved || error > tolerance) {
+        log::error(fmt::format("parameter '{}' {} (relative error of its change {:.3e})", slot.name,
+                               moved ? "moved otherwise than the reference's" : "did not move", error));
+      }
+    }
+  }
 }
 
 void check_checkpoints(const KitRun& run, const Trained& trained, const std::string& dir, const std::string& load,
                        ConformanceRow& row) {
-  Checkpointer checkpointer(dir, 1, "conformance", "conformance", run.plugin.descriptor->name, run.device);
+  Checkpointer checkpointer(dir, 1, "conformance", "conformance", run.plugin.descriptor->name, run.device,
+                            run.optimizer.state_names());
   const std::string saved =
       checkpointer.save(*trained.strategy, *trained.model, run.comm, TrainingPosition{kSteps, kSteps, {}});
-  row.checkpoint_saved = holds_checkpoint(*trained.strategy, saved) ? 1 : 0;
+  row.checkpoint_saved = holds_checkpoint(*trained.strategy, saved, run.optimizer.state_names()) ? 1 : 0;
+  {
+    // Resumed with nothing but the checkpoint: a fresh model, strategy and
+    // optimizer take the next step beside the trained ones.
+    std::unique_ptr<Optimizer> optimizer =
+        make_optimizer(run.registry, run.optimizer_name, run.context, run.optimizer_settings);
+    std::unique_ptr<Model> model = make_model(run.registry);
+    std::unique_ptr<Strategy> strategy = run.fresh_strategy();
+    strategy->setup(*model, run.comm, StrategyEnv{run.device, optimizer.get()});
+    checkpointer.load(saved, *strategy, *model, run.comm);
+    const Fixture next = fixture(kSteps);
+    for (auto [s, m] : {std::pair<Strategy*, Model*>{trained.strategy.get(), trained.model.get()},
+                        std::pair<Strategy*, Model*>{strategy.get(), model.get()}}) {
+      strategy_step(*s, *m, next, run.split, run.world.rank, run.device);
+      s->apply_update(UpdateArgs{kLr, 1.0, kSteps + 1});
+    }
+    const std::vector<FlatSlice> a = trained.strategy->parameter_slices(), b = strategy->parameter_slices();
+    bool same = a.size() == b.size();
+    for (size_t i = 0; same && i < a.size(); ++i) same = torch::equal(a[i].values, b[i].values);
+    row.resumed_identical = same ? 1 : 0;
+  }
   if (load.empty()) return;
   std::unique_ptr<Model> model = make_model(run.registry);
   std::unique_ptr<Strategy> strategy = run.fresh_strategy();
-  strategy->setup(*model, run.comm, StrategyEnv{run.device, run.adamw});
+  strategy->setup(*model, run.comm, StrategyEnv{run.device, &run.optimizer});
   const TrainingPosition position = checkpointer.load(load, *strategy, *model, run.comm);
-  row.checkpoint_loaded = position.step == kSteps && holds_checkpoint(*strategy, load) ? 1 : 0;
+  row.checkpoint_loaded =
+      position.step == kSteps && holds_checkpoint(*strategy, load, run.optimizer.state_names()) ? 1 : 0;
 }
 
 // bf16 compute with 16 accumulation steps at world size 1. The strategy's
@@ -183,7 +224,7 @@ void check_bf16_accumulation(const KitRun& run, ConformanceRow& row) {
   Context context;
   std::unique_ptr<Model> model = make_model(registry);
   std::unique_ptr<Strategy> strategy = PluginRegistry::create<Strategy>(plugin, plugin_options(plugin, ""), context);
-  strategy->setup(*model, comm, StrategyEnv{device, AdamWConfig{}, torch::kBFloat16});
+  strategy->setup(*model, comm, StrategyEnv{device, &run.optimizer, torch::kBFloat16});
   for (int64_t m = 0; m < kMicroSteps; ++m) {
     const LossSum out = strategy->forward(*model, rows(f, {m}, device));
     strategy->backward(out.loss_sum / static_cast<double>(f.target_tokens),

@@ -27,7 +27,11 @@ struct KitRun {
   Split split;
   WorldInfo world;
   Context context;
-  AdamWConfig adamw{0.9, 0.999, 1e-8, 0.1};
+  /// The optimizer under test (adamw when a strategy is under test), and
+  /// its name or path (a fresh instance: kit::make_optimizer).
+  Optimizer& optimizer;
+  std::string optimizer_name;
+  std::vector<std::string> optimizer_settings;
   /// The strategy under test with this split's options, not yet set up.
   std::unique_ptr<Strategy> fresh_strategy() const;
 };
@@ -61,11 +65,16 @@ void check_parameters(const Trained& trained, ConformanceRow& row);
 /// 3. World size 1: the same arithmetic as ddp, so the same bits.
 void check_identical_to_ddp(const KitRun& run, const Trained& trained, double max_norm, ConformanceRow& row);
 /// 4. The consolidated final weights (as `trainer run` exports them)
-/// against the reference; rank 0 only.
+/// against the reference; rank 0 only. Per parameter too: each must have
+/// moved, and moved as the reference's did (an optimizer or strategy that
+/// skips a parameter, or updates it on some ranks only, fails by name).
 void check_final_weights(const KitRun& run, const Trained& trained, ConformanceRow& row);
 /// 4. A checkpoint of the trained state, read back, holds this rank's state
 /// bit for bit; the previous split's checkpoint (`load`, usually another
-/// world size) loads into a fresh strategy of this split as the same bits.
+/// world size) loads into a fresh strategy of this split as the same bits;
+/// and a fresh strategy and optimizer resumed from this split's own
+/// checkpoint take the next step to the same bits as the trained ones (state
+/// kept outside state_slices, e.g. inside the optimizer object, fails).
 void check_checkpoints(const KitRun& run, const Trained& trained, const std::string& dir, const std::string& load,
                        ConformanceRow& row);
 /// bf16 compute with 16 accumulation steps at world size 1.

@@ -35,7 +35,11 @@ Split parse_split(const std::string& text);
 std::vector<Split> default_splits(const LoadedPlugin& strategy);
 
 struct ConformanceRequest {
-  std::string strategy;  ///< plugin name or .so path
+  std::string strategy;             ///< plugin name or .so path
+  std::string optimizer = "adamw";  ///< the optimizer the strategy updates with (name or .so path)
+  /// Settings of the optimizer besides the kit's defaults, KEY=VALUE with a
+  /// TOML value ("state_dtype='bf16'"), from --optimizer-set.
+  std::vector<std::string> optimizer_settings;
   std::vector<Split> splits;
   std::string device = "cpu";
   std::string backend = "gloo";
@@ -47,13 +51,30 @@ struct ConformanceRequest {
   std::string load_checkpoint;           ///< (per split) the previous split's checkpoint, loaded and compared
 };
 
+/// Tolerances of the contract in fp32 (their origin is in kit/Checks.cpp).
+inline constexpr double kGradTolerance = 1e-5;
+inline constexpr double kParamTolerance = 1e-4;
+/// With optimizer state narrower than fp32 (bf16, unit roundoff 2^-8): each
+/// update reads moments rounded stochastically, about 2^-9 relative each,
+/// and the reference keeps them in fp64; 1e-2 bounds five such steps with
+/// room, and is still 100 times below what a skipped or rank-dependent
+/// update errs by (~1).
+inline constexpr double kBf16StateParamTolerance = 1e-2;
+/// Per parameter: ten times the tolerance over all of them (a small
+/// parameter's relative error is noisier); a skipped or rank-dependent
+/// update errs by ~1.
+inline constexpr double kPerParameterFactor = 10;
+
 /// Norm-wise relative errors one rank measured for one split.
 struct ConformanceRow {
   std::string split;
   int rank = 0;
-  double grad_error = 0;      ///< ||g - g_ref|| / ||g_ref|| over the slices this rank holds
-  double norm_error = 0;      ///< |reported norm - reference norm| / reference norm
-  double param_error = 0;     ///< parameter change after 5 clipped AdamW steps, vs the reference's
+  double grad_error = 0;   ///< ||g - g_ref|| / ||g_ref|| over the slices this rank holds
+  double norm_error = 0;   ///< |reported norm - reference norm| / reference norm
+  double param_error = 0;  ///< parameter change after 5 clipped optimizer steps, vs the reference's
+  /// What param_error and final_weights_error are held to: kParamTolerance,
+  /// or kBf16StateParamTolerance for an optimizer with bf16 state.
+  double param_tolerance = kParamTolerance;
   double masked = 0;          ///< share of elements left out of param_error (near-zero reference gradient)
   int identical_to_ddp = -1;  ///< world size 1: parameters bit-identical to ddp's (1) or not (0); else -1
   double bf16_error = -1;     ///< bf16 compute, 16 accumulation steps: error vs the exact sum of the micro-gradients
@@ -64,6 +85,14 @@ struct ConformanceRow {
   int checkpoint_loaded = -1;
   /// Rank 0: the consolidated weights' change vs the reference's (as param_error); -1 elsewhere.
   double final_weights_error = -1;
+  /// Rank 0: parameters that did not move, and parameters whose change
+  /// differs from the reference's by more than kPerParameterFactor x
+  /// param_tolerance; -1 elsewhere.
+  int unchanged_parameters = -1;
+  int wrong_parameters = -1;
+  /// Resumed from this split's checkpoint (fresh strategy and optimizer),
+  /// the next step gives the same bits as continuing (1) or not (0).
+  int resumed_identical = -1;
   /// Reproducible mode's gradient: error as grad_error, and 52 bits of the
   /// hash of the whole gradient, which every split must share; both -2 when
   /// the mode stopped with an error (printed).
@@ -71,14 +100,15 @@ struct ConformanceRow {
   double reproducible_hash = -1;
 };
 
-/// Tolerances of the contract in fp32 (their origin is in kit/Checks.cpp).
-inline constexpr double kGradTolerance = 1e-5;
-inline constexpr double kParamTolerance = 1e-4;
-
 /// Runs every split (spawning world-size workers of this executable with
 /// `worker_args` appended), prints a table, writes the report; returns 0
 /// when every rank of every split passes, 1 otherwise.
 int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, const std::string& executable);
+
+/// The kit for an optimizer plugin (request.optimizer): check_plugin under
+/// each of `strategies` with its default splits; 0 when all pass.
+int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
+                    const std::vector<std::string>& strategies, const std::string& executable);
 
 /// One split on this process's rank; writes its row to `rank_report`.
 void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& request, const Split& split,

@@ -1,9 +1,12 @@
 // The conformance kit's fixture and reference helpers (see Reference.h).
 #include "kit/Reference.h"
 
+#include <fmt/format.h>
+
 #include "checkpoint/Checkpoint.h"
 #include "recipe/Recipe.h"
 #include "run/Sampler.h"
+#include "trainer/Errors.h"
 #include "trainer/util/Random.h"
 
 namespace trainer::kit {
@@ -42,6 +45,25 @@ std::unique_ptr<Model> make_model(PluginRegistry& registry) {
   return PluginRegistry::create<Model>(plugin, plugin_options(plugin, kModel), context);
 }
 
+std::unique_ptr<Optimizer> make_optimizer(PluginRegistry& registry, const std::string& name, const Context& context,
+                                          const std::vector<std::string>& settings) {
+  const LoadedPlugin& plugin = registry.find(PluginKind::Optimizer, name);
+  std::string table;
+  bool decay_set = false;
+  for (const std::string& setting : settings) {
+    const size_t equals = setting.find('=');
+    if (equals == std::string::npos) {
+      throw InputError(fmt::format("--optimizer-set {}: expected KEY=VALUE with a TOML value", setting));
+    }
+    table += setting.substr(0, equals) + " = " + setting.substr(equals + 1) + "\n";
+    decay_set = decay_set || setting.rfind("weight_decay", 0) == 0;
+  }
+  for (size_t k = 0; k < plugin.descriptor->num_keys; ++k) {
+    if (!decay_set && std::string(plugin.descriptor->keys[k].name) == "weight_decay") table += "weight_decay = 0.1\n";
+  }
+  return PluginRegistry::create<Optimizer>(plugin, plugin_options(plugin, table), context);
+}
+
 // ||a - b|| / ||b|| over the slices, comparing each slice with the same
 // range of the reference; `mask` (same layout as reference) selects elements.
 double relative_error(const std::vector<FlatSlice>& slices, const std::vector<torch::Tensor>& reference,
@@ -72,19 +94,18 @@ std::vector<FlatSlice> minus(const std::vector<FlatSlice>& a, const std::vector<
 
 // The strategy's state and parameter slices equal, bit for bit, the same
 // ranges of the checkpoint in `dir`.
-bool holds_checkpoint(Strategy& strategy, const std::string& dir) {
-  const char* names[] = {"values", "exp_avg", "exp_avg_sq"};
-  std::vector<std::vector<torch::Tensor>> saved;
-  for (const char* name : names) saved.push_back(checkpoint_state(dir, name));
-  const auto same = [&](int k, size_t group, int64_t offset, const torch::Tensor& held) {
+bool holds_checkpoint(Strategy& strategy, const std::string& dir, const std::vector<std::string>& state_names) {
+  std::vector<std::vector<torch::Tensor>> saved = {checkpoint_state(dir, "values")};
+  for (const std::string& name : state_names) saved.push_back(checkpoint_state(dir, name));
+  const auto same = [&](size_t k, size_t group, int64_t offset, const torch::Tensor& held) {
     const std::vector<torch::Tensor>& whole = saved[k];
     return group < whole.size() && offset + held.numel() <= whole[group].numel() &&
            torch::equal(held.to(torch::kCPU), whole[group].narrow(0, offset, held.numel()));
   };
   for (const StateSlice& s : strategy.state_slices()) {
-    if (!same(0, s.group, s.offset, s.values) || !same(1, s.group, s.offset, s.exp_avg) ||
-        !same(2, s.group, s.offset, s.exp_avg_sq)) {
-      return false;
+    if (s.state.size() != state_names.size() || !same(0, s.group, s.offset, s.values)) return false;
+    for (size_t k = 0; k < s.state.size(); ++k) {
+      if (!same(k + 1, s.group, s.offset, s.state[k].to(torch::kFloat32))) return false;
     }
   }
   for (const FlatSlice& s : strategy.parameter_slices()) {

@@ -19,6 +19,7 @@
 #include "trainer/Strategy.h"
 #include "trainer/sharding/AdamW.h"
 #include "trainer/sharding/FlatParameters.h"
+#include "trainer/sharding/OptimizerShards.h"
 
 namespace trainer::kit {
 
@@ -47,16 +48,23 @@ Batch rows(const Fixture& f, const std::vector<int64_t>& indices, torch::Device 
 /// The kit's qwen2 model, seeded: the same initial weights on every rank.
 std::unique_ptr<Model> make_model(PluginRegistry& registry);
 
+/// The optimizer `name` (a name or path) with the kit's settings: its
+/// defaults, weight decay 0.1 where it has the key (so that decay is
+/// exercised), and `settings` (TOML lines) over them.
+std::unique_ptr<Optimizer> make_optimizer(PluginRegistry& registry, const std::string& name, const Context& context,
+                                          const std::vector<std::string>& settings = {});
+
 // The fp64 single-process reference: flat fp64 groups laid out exactly as
 // flatten_parameters lays out the strategy's fp32 ones.
+// The optimizer's own step, in fp64, on the whole model at one rank.
 class Reference {
  public:
-  Reference(PluginRegistry& registry, torch::Device device) : model_(make_model(registry)) {
+  Reference(PluginRegistry& registry, Optimizer& optimizer, torch::Device device) : model_(make_model(registry)) {
     groups_ = flatten_parameters(model_->parameters(), device, 1, torch::kFloat64);
-    for (ParameterGroup& group : groups_) {
-      grads_.push_back(torch::zeros_like(group.values));
-      bind_gradients(group, grads_.back());
-      states_.push_back(adamw_init(group.values));
+    shards_ = OptimizerShards::viewing(optimizer, groups_, 0, 1);
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      grads_.push_back(shards_.groups()[g].gradient);
+      bind_gradients(groups_[g], grads_.back());
     }
     device_ = device;
   }
@@ -73,13 +81,7 @@ class Reference {
     return std::sqrt(squares);
   }
 
-  void update(double scale, const AdamWConfig& config, int64_t step) {
-    torch::NoGradGuard no_grad;
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      grads_[g].mul_(scale);
-      adamw_update(groups_[g].values, grads_[g], states_[g], config, groups_[g].decay, kLr, step);
-    }
-  }
+  void update(double scale, int64_t step) { shards_.update(UpdateArgs{kLr, scale, step}, nullptr); }
 
   const std::vector<torch::Tensor>& grads() const { return grads_; }
   std::vector<torch::Tensor> values() const {
@@ -91,8 +93,8 @@ class Reference {
  private:
   std::unique_ptr<Model> model_;
   std::vector<ParameterGroup> groups_;
-  std::vector<torch::Tensor> grads_;
-  std::vector<AdamWState> states_;
+  OptimizerShards shards_;
+  std::vector<torch::Tensor> grads_;  // shards_'s, bound as the parameters' .grad
   torch::Device device_ = torch::kCPU;
 };
 
@@ -105,8 +107,8 @@ double relative_error(const std::vector<FlatSlice>& slices, const std::vector<to
 std::vector<FlatSlice> minus(const std::vector<FlatSlice>& a, const std::vector<torch::Tensor>& before);
 
 /// The strategy's state and parameter slices equal, bit for bit, the same
-/// ranges of the checkpoint in `dir`.
-bool holds_checkpoint(Strategy& strategy, const std::string& dir);
+/// ranges of the checkpoint in `dir` (`state_names`: the optimizer's).
+bool holds_checkpoint(Strategy& strategy, const std::string& dir, const std::vector<std::string>& state_names);
 
 /// One optimizer step of the strategy on this rank's part of the fixture;
 /// returns the norm it reports.

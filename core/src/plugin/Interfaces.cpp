@@ -5,6 +5,7 @@
 #include "trainer/Errors.h"
 #include "trainer/Logger.h"
 #include "trainer/Model.h"
+#include "trainer/Optimizer.h"
 #include "trainer/Strategy.h"
 
 namespace trainer {
@@ -15,6 +16,19 @@ UnitHooks::~UnitHooks() = default;
 Dataset::~Dataset() = default;
 Logger::~Logger() = default;
 Strategy::~Strategy() = default;
+Optimizer::~Optimizer() = default;
+void Optimizer::prepare(const ParameterInfo&, UpdateSlice&, torch::Tensor, const UpdateArgs&) {
+  throw TrainingError(
+      "this optimizer plugin claims a whole-matrix parameter but does not implement Optimizer::prepare");
+}
+torch::Tensor Optimizer::transform(const ParameterInfo& parameter, const torch::Tensor&, const UpdateArgs&) {
+  throw TrainingError(
+      parameter.name +
+      ": this optimizer plugin claims it as a whole matrix but does not implement Optimizer::transform");
+}
+void Optimizer::apply(const ParameterInfo&, UpdateSlice&, const torch::Tensor&, const UpdateArgs&) {
+  throw TrainingError("this optimizer plugin claims a whole-matrix parameter but does not implement Optimizer::apply");
+}
 Comm::~Comm() = default;
 std::unique_ptr<Comm> Comm::split(int, int) {
   throw TrainingError(

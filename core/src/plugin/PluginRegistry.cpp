@@ -160,7 +160,7 @@ LoadedPlugin load_library(const std::string& path) {
                     canonical, descriptor->torch_version ? descriptor->torch_version : "(unknown)", TORCH_VERSION));
   }
   if (descriptor->name == nullptr || descriptor->create == nullptr ||
-      static_cast<uint32_t>(descriptor->kind) > static_cast<uint32_t>(PluginKind::Comm)) {
+      static_cast<uint32_t>(descriptor->kind) > static_cast<uint32_t>(PluginKind::Optimizer)) {
     throw InputError(fmt::format("{}: plugin descriptor is incomplete (name, kind or factory)", canonical));
   }
   loaded_libraries().push_back(std::move(library));
@@ -190,6 +190,8 @@ const char* kind_name(PluginKind kind) {
       return "logger";
     case PluginKind::Comm:
       return "comm";
+    case PluginKind::Optimizer:
+      return "optimizer";
   }
   return "unknown";
 }

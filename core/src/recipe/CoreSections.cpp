@@ -45,12 +45,10 @@ constexpr KeySpec kTrainingKeys[] = {
      1, 1 << 20},
 };
 constexpr KeySpec kOptimizerKeys[] = {
-    {"name", VT::String, "'adamw'", "optimizer", -kInf, kInf, "adamw"},
+    // The rest of [optimizer] are the chosen optimizer plugin's keys (adamw:
+    // beta1, beta2, eps, weight_decay; `trainer plugins NAME` lists them).
+    {"name", VT::String, "'adamw'", "optimizer plugin (a name or .so file): adamw, muon, lion, or another"},
     {"lr", VT::Float, "1e-3", "peak learning rate", 0, kInf},
-    {"beta1", VT::Float, "0.9", "first-moment decay", 0, 0.999999999},
-    {"beta2", VT::Float, "0.999", "second-moment decay", 0, 0.999999999},
-    {"eps", VT::Float, "1e-8", "added to the denominator", 0, kInf},
-    {"weight_decay", VT::Float, "0.0", "decoupled weight decay of matrices (not biases or norms)", 0, kInf},
 };
 constexpr KeySpec kScheduleKeys[] = {
     {"name", VT::String, "'constant'", "shape after warmup", -kInf, kInf, "constant|linear|cosine"},

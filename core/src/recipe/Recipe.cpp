@@ -234,8 +234,9 @@ const toml::table& table_or_empty(const toml::table& root, const char* name, con
   return *node->as_table();
 }
 
-ComponentChoice choose(const toml::table& table, const std::string& path, PluginKind kind, const char* default_name,
-                       PluginRegistry& registry, const Origins& origins) {
+// The plugin a table's `name` key chooses (or `default_name`).
+const LoadedPlugin& chosen_plugin(const toml::table& table, const std::string& path, PluginKind kind,
+                                  const char* default_name, PluginRegistry& registry, const Origins& origins) {
   std::string name;
   if (const toml::node* node = table.get("name")) {
     if (!node->is_string()) {
@@ -257,8 +258,42 @@ ComponentChoice choose(const toml::table& table, const std::string& path, Plugin
     throw InputError(
         fmt::format("{}: [{}] {}", node ? origins.of(path + ".name", *node) : origins.file(), path, error.what()));
   }
-  const PluginDescriptor& d = *plugin->descriptor;
-  return ComponentChoice{plugin, validate(table, path, path, d.keys, d.num_keys, origins, true)};
+  return *plugin;
+}
+
+ComponentChoice choose(const toml::table& table, const std::string& path, PluginKind kind, const char* default_name,
+                       PluginRegistry& registry, const Origins& origins) {
+  const LoadedPlugin& plugin = chosen_plugin(table, path, kind, default_name, registry, origins);
+  const PluginDescriptor& d = *plugin.descriptor;
+  return ComponentChoice{&plugin, validate(table, path, path, d.keys, d.num_keys, origins, true)};
+}
+
+// [optimizer]: the core's keys and the chosen plugin's in one table (recipes
+// keep writing lr beside beta1), split again for the plugin.
+void choose_optimizer(Recipe& recipe, const toml::table& table, const SectionSpec& core, PluginRegistry& registry,
+                      const Origins& origins) {
+  const LoadedPlugin& plugin = chosen_plugin(table, "optimizer", PluginKind::Optimizer, "adamw", registry, origins);
+  const PluginDescriptor& d = *plugin.descriptor;
+  std::vector<KeySpec> keys(core.keys, core.keys + core.num_keys);
+  std::vector<std::string> own;
+  for (size_t i = 0; i < d.num_keys; ++i) {
+    for (size_t k = 0; k < core.num_keys; ++k) {
+      if (std::string(d.keys[i].name) == core.keys[k].name) {
+        throw InputError(
+            fmt::format("{}: optimizer plugin '{}' declares the key '{}', which [optimizer] keeps for "
+                        "the core; rename it in the plugin",
+                        plugin.file, d.name, d.keys[i].name));
+      }
+    }
+    keys.push_back(d.keys[i]);
+    own.push_back(d.keys[i].name);
+  }
+  recipe.optimizer = validate(table, "optimizer", "optimizer", keys.data(), keys.size(), origins, false);
+  std::vector<Options::Entry> entries;
+  for (const Options::Entry& e : recipe.optimizer.entries()) {
+    if (std::find(own.begin(), own.end(), e.key) != own.end()) entries.push_back(e);
+  }
+  recipe.optimizer_plugin = ComponentChoice{&plugin, Options("optimizer", origins.file(), std::move(entries))};
 }
 
 void insert_options(toml::table& out, const Options& options) {
@@ -352,8 +387,12 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
   Recipe recipe;
   recipe.file = file;
   for (const SectionSpec& s : core_sections()) {
-    recipe.*s.options =
-        validate(table_or_empty(root, s.name, origins), s.name, s.name, s.keys, s.num_keys, origins, false);
+    if (std::string(s.name) == "optimizer") {
+      choose_optimizer(recipe, table_or_empty(root, s.name, origins), s, registry, origins);
+    } else {
+      recipe.*s.options =
+          validate(table_or_empty(root, s.name, origins), s.name, s.name, s.keys, s.num_keys, origins, false);
+    }
   }
   recipe.model = choose(table_or_empty(root, "model", origins), "model", PluginKind::Model, nullptr, registry, origins);
   recipe.dataset =
@@ -408,8 +447,20 @@ std::string Recipe::fingerprint(int64_t global_batch_size) const {
   toml::table out;
   out.insert("model", component_table(model));
   out.insert("dataset", component_table(dataset));
+  // Optimizer keys added since checkpoints carried a fingerprint, at the
+  // value that keeps the earlier behaviour, are left out: a checkpoint of
+  // before them still resumes (its fingerprint never saw them).
+  static const std::pair<const char*, const char*> kAddedKeys[] = {{"state_dtype", "fp32"}};
+  std::vector<Options::Entry> kept;
+  for (const Options::Entry& e : optimizer.entries()) {
+    const bool neutral = std::any_of(std::begin(kAddedKeys), std::end(kAddedKeys), [&](const auto& added) {
+      const auto* text = std::get_if<std::string>(&e.value);
+      return e.key == added.first && text && *text == added.second;
+    });
+    if (!neutral) kept.push_back(e);
+  }
   toml::table optimizer_table;
-  insert_options(optimizer_table, optimizer);
+  insert_options(optimizer_table, Options(optimizer.section(), optimizer.file(), std::move(kept)));
   out.insert("optimizer", std::move(optimizer_table));
   out.insert("global_batch_size", global_batch_size);
   std::ostringstream text;

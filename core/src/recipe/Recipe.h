@@ -21,6 +21,7 @@ struct Recipe {
   std::string file;
   Options run;
   Options training;
+  /// [optimizer]: every key, the core's (name, lr) and the plugin's.
   Options optimizer;
   Options lr_schedule;
   Options distributed;
@@ -28,6 +29,8 @@ struct Recipe {
   ComponentChoice model;
   ComponentChoice dataset;
   ComponentChoice strategy;
+  /// [optimizer]'s plugin with its own keys only (what it is created with).
+  ComponentChoice optimizer_plugin;
   std::vector<ComponentChoice> loggers;  ///< always includes a jsonl logger writing metrics.jsonl
 
   /// The recipe with every default filled in, as TOML: what the run used.

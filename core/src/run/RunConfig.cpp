@@ -48,10 +48,6 @@ RunConfig run_config(const Recipe& recipe, int world_size) {
   update.schedule.min_lr = recipe.lr_schedule.real("min_lr");
   update.schedule.warmup_steps = recipe.lr_schedule.integer("warmup_steps");
   update.schedule.total_steps = config.steps;
-  update.adamw.beta1 = recipe.optimizer.real("beta1");
-  update.adamw.beta2 = recipe.optimizer.real("beta2");
-  update.adamw.eps = recipe.optimizer.real("eps");
-  update.adamw.weight_decay = recipe.optimizer.real("weight_decay");
   update.max_grad_norm = recipe.training.real("max_grad_norm");
   update.skip_nonfinite = recipe.training.text("on_nonfinite") == "skip";
 

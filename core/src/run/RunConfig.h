@@ -18,7 +18,6 @@ namespace trainer {
 /// How the loop turns a reduced gradient into an update.
 struct UpdateRule {
   LrSchedule schedule;
-  AdamWConfig adamw;
   double max_grad_norm = 0.0;   ///< 0: no clipping
   bool skip_nonfinite = false;  ///< training.on_nonfinite = "skip"
 };

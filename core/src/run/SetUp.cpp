@@ -93,7 +93,10 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
   run.memory_baseline = live_bytes(run.device);
   run.model = PluginRegistry::create<Model>(*recipe.model.plugin, recipe.model.options, context);
   run.dataset = PluginRegistry::create<Dataset>(*recipe.dataset.plugin, recipe.dataset.options, context);
+  run.optimizer =
+      PluginRegistry::create<Optimizer>(*recipe.optimizer_plugin.plugin, recipe.optimizer_plugin.options, context);
   run.strategy = PluginRegistry::create<Strategy>(*recipe.strategy.plugin, recipe.strategy.options, context);
+  run.optimizer_name = recipe.optimizer_plugin.plugin->descriptor->name;
   run.dataset_name = recipe.dataset.plugin->descriptor->name;
   run.model_name = recipe.model.plugin->descriptor->name;
   run.strategy_name = recipe.strategy.plugin->descriptor->name;
@@ -103,7 +106,7 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
   }
   for (const NamedParameter& p : run.model->parameters()) run.parameter_count += p.tensor.numel();
 
-  run.strategy->setup(*run.model, *run.comm, StrategyEnv{run.device, config.update.adamw, config.compute_dtype});
+  run.strategy->setup(*run.model, *run.comm, StrategyEnv{run.device, run.optimizer.get(), config.compute_dtype});
   check_state_coverage(*run.strategy, *run.model, *run.comm, run.device, run.strategy_name);
   run.measured_setup_bytes = live_bytes(run.device) - run.memory_baseline;
 

@@ -21,6 +21,7 @@
 #include "trainer/Dataset.h"
 #include "trainer/Logger.h"
 #include "trainer/Model.h"
+#include "trainer/Optimizer.h"
 #include "trainer/Strategy.h"
 
 namespace trainer {
@@ -35,8 +36,9 @@ struct RunParts {
   std::unique_ptr<Comm> comm;
   std::unique_ptr<Model> model;
   std::unique_ptr<Dataset> dataset;
+  std::unique_ptr<Optimizer> optimizer;  // before the strategy, which updates through it
   std::unique_ptr<Strategy> strategy;
-  std::string dataset_name, model_name, strategy_name;
+  std::string dataset_name, model_name, strategy_name, optimizer_name;
   int64_t parameter_count = 0;
   // Tensor bytes live on the run's device (live_bytes) before the model is
   // made, and above that after the strategy's setup and after the first step.

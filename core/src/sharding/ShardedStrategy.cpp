@@ -25,13 +25,14 @@ ShardedStrategy::ShardedStrategy(const Options& options, std::string name, const
 void ShardedStrategy::join(Comm& world, const StrategyEnv& env) {
   groups_of_ = ShardGroups(world, shard_group_size_, name_);
   comm_ = &groups_of_.shard();
-  adamw_ = env.adamw;
+  if (!env.optimizer) throw std::logic_error(fmt::format("strategy '{}': StrategyEnv::optimizer is null", name_));
+  optimizer_ = OptimizerShards(*env.optimizer, comm_->world_size());
 }
 
 void ShardedStrategy::keep_full_parameters(Model& model, const StrategyEnv& env) {
   full_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/shard_padding(comm_->world_size()),
                              torch::kFloat32, env.compute_dtype);
-  optimizer_ = ShardedAdamW::viewing(full_, *comm_);
+  optimizer_ = OptimizerShards::viewing(*env.optimizer, full_, comm_->rank(), comm_->world_size());
 }
 
 void ShardedStrategy::keep_full_gradients() {
@@ -56,7 +57,7 @@ double ShardedStrategy::reduce_gradients_and_norm() {
 }
 
 void ShardedStrategy::apply_update(const UpdateArgs& args) {
-  optimizer_.update(adamw_, args);
+  optimizer_.update(args, comm_);
   if (!full_.empty()) all_gather_parameters(optimizer_, full_, *comm_);
   discard_gradients();
 }
@@ -69,7 +70,7 @@ void ShardedStrategy::discard_gradients() {
 MemoryReport ShardedStrategy::memory() const {
   MemoryReport report;
   report.gradient_bytes = optimizer_.gradient_bytes();
-  report.optimizer_bytes = optimizer_.moment_bytes();
+  report.optimizer_bytes = optimizer_.state_bytes();
   if (full_.empty()) {
     for (const OptimizerShard& s : optimizer_.groups()) report.parameter_bytes += s.values.numel() * 4;
   }

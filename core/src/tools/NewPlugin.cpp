@@ -40,11 +40,14 @@ const std::map<std::string, std::string>& kinds() {
        "A dataset: sequences that count up modulo the vocabulary. Choose it with `[dataset] name = "
        "'@NAME@'`."},
       {"logger", "A logger: prints the loss every few steps. Add it with `[[logger]] name = '@NAME@'`."},
+      {"optimizer",
+       "An optimizer: sign descent with decoupled weight decay, which `trainer check-plugin` checks under "
+       "every strategy. Choose it with `[optimizer] name = '@NAME@'`."},
       {"model",
        "A model: a bigram language model with two units (embedding, output), so every strategy, zero3 "
        "included, can train it. Choose it with `[model] name = '@NAME@'`."},
       {"strategy",
-       "A strategy: plain data parallelism (whole fp32 gradients all-reduced as sums, full AdamW state "
+       "A strategy: plain data parallelism (whole fp32 gradients all-reduced as sums, full optimizer state "
        "on every rank) that passes `trainer check-plugin`. Choose it with `[strategy] name = "
        "'@NAME@'`."},
   };
@@ -95,9 +98,12 @@ const std::vector<std::string>& sdk_type_names() {
                                                  "Model",
                                                  "NamedParameter",
                                                  "NoKeys",
+                                                 "Optimizer",
                                                  "OptimizerShard",
+                                                 "OptimizerShards",
                                                  "Options",
                                                  "ParameterGroup",
+                                                 "ParameterInfo",
                                                  "ParameterSlot",
                                                  "ParameterUnit",
                                                  "PluginDescriptor",
@@ -112,7 +118,6 @@ const std::vector<std::string>& sdk_type_names() {
                                                  "Shard",
                                                  "ShardGroups",
                                                  "ShardReduction",
-                                                 "ShardedAdamW",
                                                  "ShardedStrategy",
                                                  "State",
                                                  "StateSlice",
@@ -126,6 +131,7 @@ const std::vector<std::string>& sdk_type_names() {
                                                  "TrainingError",
                                                  "UnitHooks",
                                                  "UpdateArgs",
+                                                 "UpdateSlice",
                                                  "Value",
                                                  "ValueType"};
   return names;

@@ -1,6 +1,6 @@
 // Strategy `ddp`: full fp32 gradients in flat buffers that autograd
 // accumulates into across micro-steps, all-reduced as sums in buckets, and
-// full AdamW state on every rank. The reference every ZeRO stage must match
+// full optimizer state on every rank. The reference every ZeRO stage must match
 // bit for bit at world size 1.
 //
 // Buckets hold whole parameters, in reverse model order (backward produces
@@ -14,6 +14,7 @@
 #include "trainer/sharding/AdamW.h"
 #include "trainer/sharding/FlatParameters.h"
 #include "trainer/sharding/GradientBuckets.h"
+#include "trainer/sharding/OptimizerShards.h"
 
 namespace {
 
@@ -35,16 +36,17 @@ class DdpStrategy final : public Strategy {
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
     comm_ = &comm;
     device_ = env.device;
-    adamw_ = env.adamw;
     groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/1, torch::kFloat32, env.compute_dtype);
-    for (ParameterGroup& group : groups_) {
-      // Autograd adds each micro-step's gradient into this fp32 buffer in
-      // place, also for bf16 parameters (their gradient is widened exactly
-      // as it is added), so accumulation error stays fp32's and no bf16
-      // gradient buffer exists.
-      grads_.push_back(torch::zeros_like(group.values));
-      bind_gradients(group, grads_.back());
-      states_.push_back(adamw_init(group.values));
+    // Every rank updates whole groups; the update writes the bf16 compute
+    // copy in its own pass.
+    shards_ = OptimizerShards::viewing(*env.optimizer, groups_, /*rank=*/0, /*ranks=*/1, /*write_compute=*/true);
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      // Autograd adds each micro-step's gradient into the optimizer's fp32
+      // accumulator in place, also for bf16 parameters (their gradient is
+      // widened exactly as it is added), so accumulation error stays fp32's
+      // and no bf16 gradient buffer exists.
+      grads_.push_back(shards_.groups()[g].gradient);
+      bind_gradients(groups_[g], grads_.back());
     }
     layout_ = GradientBuckets(groups_, std::max<int64_t>(1, bucket_bytes_ / 4));
     for (const GradientBucket& bucket : layout_.buckets()) {
@@ -87,12 +89,7 @@ class DdpStrategy final : public Strategy {
   }
 
   void apply_update(const UpdateArgs& args) override {
-    torch::NoGradGuard no_grad;
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      // The bf16 compute copy is written by the update's own pass.
-      adamw_update(groups_[g].values, grads_[g], states_[g], adamw_, groups_[g].decay, args.lr, args.adam_step,
-                   args.grad_scale, separate_compute(groups_[g]) ? groups_[g].compute : torch::Tensor());
-    }
+    shards_.update(args, nullptr);
     discard_gradients();
   }
 
@@ -108,8 +105,9 @@ class DdpStrategy final : public Strategy {
       const bool separate = separate_compute(group);
       report.parameter_bytes += group.compute.numel() * group.compute.element_size();
       report.gradient_bytes += bytes;
-      report.optimizer_bytes += 2 * bytes + (separate ? bytes : 0);  // moments, and master weights if separate
+      report.optimizer_bytes += separate ? bytes : 0;  // master weights if separate
     }
+    report.optimizer_bytes += shards_.state_bytes();
     return report;
   }
 
@@ -119,13 +117,7 @@ class DdpStrategy final : public Strategy {
     return slices;
   }
 
-  std::vector<StateSlice> state_slices() override {
-    std::vector<StateSlice> slices;
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      slices.push_back({g, 0, groups_[g].values, states_[g].exp_avg, states_[g].exp_avg_sq});
-    }
-    return slices;
-  }
+  std::vector<StateSlice> state_slices() override { return shards_.state_slices(); }
 
   void state_loaded() override {
     for (ParameterGroup& group : groups_) sync_compute(group);
@@ -161,10 +153,9 @@ class DdpStrategy final : public Strategy {
   Comm* comm_ = nullptr;
   torch::Device device_ = torch::kCPU;
   bool order_agreed_ = false;
-  AdamWConfig adamw_;
   std::vector<ParameterGroup> groups_;
-  std::vector<torch::Tensor> grads_;  // fp32 accumulators, bound as the parameters' .grad
-  std::vector<AdamWState> states_;
+  OptimizerShards shards_;            // whole groups: values view groups_, state, accumulators
+  std::vector<torch::Tensor> grads_;  // shards_'s fp32 accumulators, bound as the parameters' .grad
   GradientBuckets layout_;
   std::vector<Bucket> buckets_;  // layout_'s, in its order
 };

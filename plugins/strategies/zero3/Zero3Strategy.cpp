@@ -120,7 +120,7 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
     for (ParameterGroup& group : layout) {
       // The shard's fp32 master values live only here: the full buffer goes.
       const Shard shard = shard_of(group.padded_numel, shard_comm().rank(), shard_comm().world_size());
-      optimizer().add_group(shard, unpadded(group, shard), group.decay,
+      optimizer().add_group(shard, unpadded(group, shard), group,
                             group.values.narrow(0, shard.offset, shard.numel).clone());
     }
     build_units(params, declared, layout);

@@ -9,9 +9,18 @@
 #include <torch/types.h>
 
 #include "trainer/Comm.h"
-#include "trainer/Strategy.h"
+#include "trainer/Optimizer.h"
 
 namespace trainer {
+
+/// AdamW's settings besides the learning rate (UpdateArgs::lr): the adamw
+/// optimizer plugin's recipe keys (also Muon's for the parameters it leaves to AdamW).
+struct AdamWConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
 
 /// First and second moments, same shape and device as the parameters.
 struct AdamWState {

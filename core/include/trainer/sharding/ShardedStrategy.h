@@ -1,5 +1,5 @@
 // What the ZeRO strategies share, as a base class: the shard groups, the
-// sharded AdamW state, and every Strategy method that only reads or updates
+// sharded optimizer state, and every Strategy method that only reads or updates
 // that state (the norm, the update, the slice views, memory). A stage
 // derives from it and writes its gradient path: setup, backward, how the
 // gradient reaches the shard accumulators, and (zero3) where the full
@@ -15,8 +15,8 @@
 
 #include "trainer/Strategy.h"
 #include "trainer/sharding/FlatParameters.h"
+#include "trainer/sharding/OptimizerShards.h"
 #include "trainer/sharding/ShardGroups.h"
-#include "trainer/sharding/ShardedAdamW.h"
 
 namespace trainer {
 
@@ -31,7 +31,7 @@ class ShardedStrategy : public Strategy {
   /// returns the norm of the whole gradient (stages whose reductions end
   /// within backward: zero2, zero3). Collective.
   double reduce_gradients_and_norm() override;
-  /// AdamW on this rank's shards; with full parameters (keep_full_parameters)
+  /// The optimizer's step on this rank's shards; with full parameters (keep_full_parameters)
   /// the updated shards all-gathered into them within the shard group; then
   /// discard_gradients(). Collective.
   void apply_update(const UpdateArgs& args) override;
@@ -59,7 +59,7 @@ class ShardedStrategy : public Strategy {
   ShardedStrategy(const Options& options, std::string name, const Context& context);
 
   /// First in a stage's setup, collective over `world`: forms the shard and
-  /// replica groups and keeps the update's settings.
+  /// replica groups and takes the optimizer (env.optimizer).
   void join(Comm& world, const StrategyEnv& env);
   /// For stages whose every rank keeps the full parameters (zero1, zero2):
   /// the model's parameters moved into flat groups padded to a multiple of
@@ -78,8 +78,8 @@ class ShardedStrategy : public Strategy {
   /// The ranks this rank splits the state with (the world without hybrid sharding).
   Comm& shard_comm() const { return *comm_; }
   ShardGroups& shard_groups() { return groups_of_; }
-  ShardedAdamW& optimizer() { return optimizer_; }
-  const ShardedAdamW& optimizer() const { return optimizer_; }
+  OptimizerShards& optimizer() { return optimizer_; }
+  const OptimizerShards& optimizer() const { return optimizer_; }
   /// keep_full_parameters()'s groups; empty for a stage that shards parameters.
   std::vector<ParameterGroup>& full_groups() { return full_; }
   const std::vector<ParameterGroup>& full_groups() const { return full_; }
@@ -93,10 +93,9 @@ class ShardedStrategy : public Strategy {
   int64_t shard_group_size_;
   ShardGroups groups_of_;
   Comm* comm_ = nullptr;  // the shard group
-  AdamWConfig adamw_;
   std::vector<ParameterGroup> full_;
   std::vector<torch::Tensor> full_gradients_;
-  ShardedAdamW optimizer_;
+  OptimizerShards optimizer_;
 };
 
 }  // namespace trainer

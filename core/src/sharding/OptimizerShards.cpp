@@ -1,0 +1,226 @@
+// The optimizer half of every strategy (see trainer/sharding/OptimizerShards.h).
+#include "trainer/sharding/OptimizerShards.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "trainer/Errors.h"
+
+namespace trainer {
+
+OptimizerShards::OptimizerShards(Optimizer& optimizer, int shard_ranks)
+    : optimizer_(&optimizer), shard_ranks_(shard_ranks) {}
+
+OptimizerShards OptimizerShards::viewing(Optimizer& optimizer, std::vector<ParameterGroup>& groups, int rank, int ranks,
+                                         bool write_compute) {
+  OptimizerShards shards(optimizer, ranks);
+  for (ParameterGroup& group : groups) {
+    const Shard shard = shard_of(group.padded_numel, rank, ranks);
+    const Shard owned = unpadded(group, shard);
+    shards.add_group(shard, owned, group, group.values.narrow(0, shard.offset, shard.numel));
+    if (write_compute && separate_compute(group)) {
+      shards.groups_.back().compute = group.compute.narrow(0, owned.offset, owned.numel);
+    }
+  }
+  return shards;
+}
+
+void all_gather_parameters(const OptimizerShards& optimizer, std::vector<ParameterGroup>& groups, Comm& comm) {
+  torch::NoGradGuard no_grad;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    comm.all_gather(optimizer.groups()[g].values, groups[g].values);
+    sync_compute(groups[g]);
+  }
+}
+
+std::vector<ParameterInfo> parameter_infos(const ParameterGroup& group, size_t group_index) {
+  std::vector<ParameterInfo> out;
+  for (const ParameterSlot& slot : group.slots) {
+    out.push_back({slot.name, slot.param.sizes().vec(), group.decay, group_index, slot.offset, slot.numel});
+  }
+  return out;
+}
+
+void OptimizerShards::add_group(const Shard& shard, const Shard& owned, const ParameterGroup& layout,
+                                torch::Tensor values) {
+  if (!optimizer_) throw std::logic_error("OptimizerShards::add_group before an optimizer was given");
+  OptimizerShard g;
+  g.shard = shard;
+  g.owned = owned;
+  g.decay = layout.decay;
+  g.gradient = torch::zeros({shard.numel}, values.options());
+  const torch::Dtype state_dtype =
+      values.scalar_type() == torch::kFloat64 ? torch::kFloat64 : optimizer_->state_dtype();
+  for (size_t k = 0; k < optimizer_->state_names().size(); ++k) {
+    g.state.push_back(torch::zeros({owned.numel}, values.options().dtype(state_dtype)));
+  }
+  g.values = std::move(values);
+  g.parameters = parameter_infos(layout, groups_.size());
+  for (const ParameterInfo& p : g.parameters) g.whole_matrix.push_back(optimizer_->whole_matrix(p) ? 1 : 0);
+  groups_.push_back(std::move(g));
+}
+
+namespace {
+
+// Elements [begin, end) (group offsets, inside the owned range) of `g` as an UpdateSlice.
+UpdateSlice slice_of(OptimizerShard& g, int64_t begin, int64_t end) {
+  UpdateSlice s;
+  s.offset = begin;
+  s.decay = g.decay;
+  s.values = g.values.narrow(0, begin - g.shard.offset, end - begin);
+  s.gradient = g.gradient.narrow(0, begin - g.shard.offset, end - begin);
+  for (torch::Tensor& t : g.state) s.state.push_back(t.narrow(0, begin - g.owned.offset, end - begin));
+  if (g.compute.defined()) s.compute = g.compute.narrow(0, begin - g.owned.offset, end - begin);
+  return s;
+}
+
+void refresh_compute(const UpdateSlice& s) {
+  if (s.compute.defined()) s.compute.copy_(s.values);
+}
+
+}  // namespace
+
+void OptimizerShards::update(const UpdateArgs& args, Comm* shard_comm) {
+  torch::NoGradGuard no_grad;
+  // Element-wise parameters: maximal runs of the owned elements between whole-matrix ones.
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    OptimizerShard& g = groups_[gi];
+    const int64_t owned_end = g.owned.offset + g.owned.numel;
+    int64_t run = -1;  // start of the current run, -1: none
+    const auto flush = [&](int64_t end) {
+      if (run >= 0 && end > run) {
+        UpdateSlice s = slice_of(g, run, end);
+        s.group = gi;
+        if (!optimizer_->update(s, args)) refresh_compute(s);
+      }
+      run = -1;
+    };
+    for (size_t k = 0; k < g.parameters.size(); ++k) {
+      const ParameterInfo& p = g.parameters[k];
+      const int64_t begin = std::max(p.offset, g.owned.offset), end = std::min(p.offset + p.numel, owned_end);
+      if (end <= begin) continue;
+      if (g.whole_matrix[k]) {
+        flush(begin);
+      } else if (run < 0) {
+        run = begin;
+      }
+    }
+    flush(owned_end);
+  }
+  // Whole-matrix parameters, in the same order on every rank.
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    OptimizerShard& g = groups_[gi];
+    const int64_t per_rank = g.shard.numel;  // every rank's shard is as large
+    for (size_t k = 0; k < g.parameters.size(); ++k) {
+      if (!g.whole_matrix[k]) continue;
+      const ParameterInfo& p = g.parameters[k];
+      const int64_t begin = std::max(p.offset, g.owned.offset);
+      const int64_t end = std::min(p.offset + p.numel, g.owned.offset + g.owned.numel);
+      const bool holds = end > begin;
+      const bool spans = shard_ranks_ > 1 && per_rank > 0 && p.offset / per_rank != (p.offset + p.numel - 1) / per_rank;
+      if (!spans && !holds) continue;
+      torch::Tensor direction =
+          spans ? torch::zeros({p.numel}, g.values.options()) : torch::empty({p.numel}, g.values.options());
+      UpdateSlice s;
+      if (holds) {
+        s = slice_of(g, begin, end);
+        s.group = gi;
+        optimizer_->prepare(p, s, direction.narrow(0, begin - p.offset, end - begin), args);
+      }
+      if (spans) {
+        if (!shard_comm) throw std::logic_error("OptimizerShards::update: a matrix spans shards and no comm was given");
+        shard_comm->all_reduce_sum(direction);  // disjoint parts and zeros: exact
+      }
+      if (!holds) continue;
+      const torch::Tensor transformed = optimizer_->transform(p, direction.view(p.shape), args);
+      if (transformed.numel() != p.numel || transformed.scalar_type() != direction.scalar_type()) {
+        throw TrainingError(fmt::format("optimizer: transform of '{}' returned {} elements of {}, expected {} of {}",
+                                        p.name, transformed.numel(), c10::toString(transformed.scalar_type()), p.numel,
+                                        c10::toString(direction.scalar_type())));
+      }
+      optimizer_->apply(p, s, transformed.reshape({-1}).narrow(0, begin - p.offset, end - begin), args);
+      refresh_compute(s);
+    }
+  }
+}
+
+ShardReduction OptimizerShards::reduce_to_owners(Comm& comm, size_t group, int64_t begin, const torch::Tensor& bucket) {
+  OptimizerShard& g = groups_.at(group);
+  const int64_t per_rank = g.shard.numel;  // every rank's shard is as large; rank r's starts at r * per_rank
+  const int64_t end = begin + bucket.numel();
+  ShardReduction reduction;
+  if (per_rank == 0) return reduction;
+  for (int64_t owner = begin / per_rank; owner * per_rank < end; ++owner) {
+    const int64_t from = std::max(begin, owner * per_rank);
+    const int64_t to = std::min(end, (owner + 1) * per_rank);
+    torch::Tensor part = bucket.narrow(0, from - begin, to - from);
+    reduction.works_.push_back(comm.reduce_sum_async(part, static_cast<int>(owner)));
+    if (owner == comm.rank()) {
+      reduction.mine_ = part;
+      reduction.into_ = g.gradient.narrow(0, from - g.shard.offset, to - from);
+    }
+  }
+  return reduction;
+}
+
+torch::Tensor ShardReduction::finish() {
+  for (std::unique_ptr<CommWork>& work : works_) work->wait();
+  works_.clear();
+  torch::NoGradGuard no_grad;
+  if (mine_.defined()) into_.add_(mine_);  // widened exactly when reduced in bf16
+  torch::Tensor added = std::move(into_);
+  mine_ = into_ = torch::Tensor();
+  return added;
+}
+
+double OptimizerShards::gradient_norm(Comm& comm) const {
+  std::vector<torch::Tensor> owned;
+  for (const OptimizerShard& g : groups_) owned.push_back(g.gradient.narrow(0, 0, g.owned.numel));
+  return sharded_norm(owned, comm);
+}
+
+void OptimizerShards::zero_gradients() {
+  for (OptimizerShard& g : groups_) g.gradient.zero_();
+}
+
+std::vector<FlatSlice> OptimizerShards::gradient_slices() const {
+  std::vector<FlatSlice> out;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    out.push_back({i, groups_[i].owned.offset, groups_[i].gradient.narrow(0, 0, groups_[i].owned.numel)});
+  }
+  return out;
+}
+
+std::vector<FlatSlice> OptimizerShards::parameter_slices() const {
+  std::vector<FlatSlice> out;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    out.push_back({i, groups_[i].owned.offset, groups_[i].values.narrow(0, 0, groups_[i].owned.numel)});
+  }
+  return out;
+}
+
+std::vector<StateSlice> OptimizerShards::state_slices() {
+  std::vector<StateSlice> out;
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    OptimizerShard& g = groups_[i];
+    out.push_back({i, g.owned.offset, g.values.narrow(0, 0, g.owned.numel), g.state});
+  }
+  return out;
+}
+
+int64_t OptimizerShards::gradient_bytes() const {
+  int64_t bytes = 0;
+  for (const OptimizerShard& g : groups_) bytes += g.gradient.numel() * g.gradient.element_size();
+  return bytes;
+}
+
+int64_t OptimizerShards::state_bytes() const {
+  int64_t bytes = 0;
+  for (const OptimizerShard& g : groups_) {
+    for (const torch::Tensor& t : g.state) bytes += t.numel() * t.element_size();
+  }
+  return bytes;
+}
+
+}  // namespace trainer

@@ -1,0 +1,326 @@
+// The optimizer plugins against independent implementations written here
+// element by element in fp64 (Newton-Schulz with plain loops, Lion and
+// Muon line by line), their element-wise parts against any cut of the
+// elements into slices, and which parameters Muon takes whole.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "plugin/PluginRegistry.h"
+#include "recipe/Recipe.h"
+#include "trainer/Optimizer.h"
+#include "trainer/sharding/LowPrecisionState.h"
+
+namespace trainer {
+namespace {
+
+std::unique_ptr<Optimizer> make(const std::string& name, const std::string& options = "") {
+  static PluginRegistry registry = [] {
+    PluginRegistry r;
+    r.discover({TRAINER_PLUGIN_DIR});
+    return r;
+  }();
+  const LoadedPlugin& plugin = registry.find(PluginKind::Optimizer, name);
+  return PluginRegistry::create<Optimizer>(plugin, plugin_options(plugin, options), Context{});
+}
+
+using Matrix = std::vector<std::vector<double>>;
+
+Matrix to_matrix(const torch::Tensor& t) {
+  const torch::Tensor d = t.to(torch::kFloat64).contiguous();
+  Matrix m(d.size(0), std::vector<double>(d.size(1)));
+  for (int64_t i = 0; i < d.size(0); ++i) {
+    for (int64_t j = 0; j < d.size(1); ++j) m[i][j] = d[i][j].item<double>();
+  }
+  return m;
+}
+
+Matrix multiply(const Matrix& a, const Matrix& b) {
+  Matrix c(a.size(), std::vector<double>(b[0].size(), 0.0));
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (size_t k = 0; k < b.size(); ++k) {
+      for (size_t j = 0; j < b[0].size(); ++j) c[i][j] += a[i][k] * b[k][j];
+    }
+  }
+  return c;
+}
+
+Matrix transpose(const Matrix& a) {
+  Matrix t(a[0].size(), std::vector<double>(a.size()));
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (size_t j = 0; j < a[0].size(); ++j) t[j][i] = a[i][j];
+  }
+  return t;
+}
+
+// The quintic Newton-Schulz iteration of Muon (Jordan et al. 2024) in fp64:
+// X = G / ||G||_F (on G^T for a tall G); five times A = X X^T,
+// X = a X + (b A + c A A) X.
+Matrix newton_schulz(Matrix x) {
+  const double a = 3.4445, b = -4.7750, c = 2.0315;
+  const bool tall = x.size() > x[0].size();
+  if (tall) x = transpose(x);
+  double norm = 0;
+  for (const auto& row : x) {
+    for (double v : row) norm += v * v;
+  }
+  norm = std::max(std::sqrt(norm), 1e-7);
+  for (auto& row : x) {
+    for (double& v : row) v /= norm;
+  }
+  for (int step = 0; step < 5; ++step) {
+    const Matrix gram = multiply(x, transpose(x));
+    const Matrix square = multiply(gram, gram);
+    Matrix poly = gram;
+    for (size_t i = 0; i < gram.size(); ++i) {
+      for (size_t j = 0; j < gram.size(); ++j) poly[i][j] = b * gram[i][j] + c * square[i][j];
+    }
+    const Matrix px = multiply(poly, x);
+    for (size_t i = 0; i < x.size(); ++i) {
+      for (size_t j = 0; j < x[0].size(); ++j) x[i][j] = a * x[i][j] + px[i][j];
+    }
+  }
+  return tall ? transpose(x) : x;
+}
+
+double max_relative_error(const torch::Tensor& got, const Matrix& want) {
+  double error = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    for (size_t j = 0; j < want[0].size(); ++j) {
+      error = std::max(error, std::abs(got[i][j].item<double>() - want[i][j]));
+      scale = std::max(scale, std::abs(want[i][j]));
+    }
+  }
+  return error / scale;
+}
+
+ParameterInfo info(const std::string& name, std::vector<int64_t> shape) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  return ParameterInfo{name, std::move(shape), true, 0, 0, numel};
+}
+
+TEST(Muon, NewtonSchulzMatchesAnFp64IterationWideAndTall) {
+  torch::manual_seed(3);
+  const std::unique_ptr<Optimizer> muon = make("muon");
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{16, 24}, std::vector<int64_t>{24, 16}}) {
+    const torch::Tensor g = torch::randn(shape, torch::kFloat64);
+    const Matrix want = newton_schulz(to_matrix(g));
+    // fp64 in, fp64 arithmetic: equal up to the order of the sums.
+    EXPECT_LT(max_relative_error(muon->transform(info("w", shape), g, {}), want), 1e-12);
+    // fp32 on the CPU: five iterations of fp32 products over 16-24 terms,
+    // each ~1e-7 relative, amplified at most tenfold by the polynomial (its
+    // derivative stays below 3.5 on [0, 1.2]): 1e-5 holds with room.
+    const torch::Tensor out32 = muon->transform(info("w", shape), g.to(torch::kFloat32), {});
+    EXPECT_EQ(out32.scalar_type(), torch::kFloat32);
+    EXPECT_LT(max_relative_error(out32, want), 1e-5);
+  }
+}
+
+// One matrix through prepare, transform and apply, three steps, fp64,
+// against Muon written out here: m = lerp(m, g, 1 - mu); d = lerp(g, m, mu);
+// W = W (1 - lr wd) - lr 0.2 sqrt(max(rows, cols)) NS(d).
+TEST(Muon, ThreeStepsOfAMatrixAreTheLineByLineUpdate) {
+  torch::manual_seed(4);
+  const double lr = 0.02, wd = 0.1, mu = 0.95;
+  const std::unique_ptr<Optimizer> muon = make("muon", "weight_decay = 0.1\n");
+  const ParameterInfo p = info("model.layers.0.mlp.up_proj.weight", {24, 16});
+  ASSERT_TRUE(muon->whole_matrix(p));
+  torch::Tensor values = torch::randn({24 * 16}, torch::kFloat64);
+  torch::Tensor m = torch::zeros_like(values), v = torch::zeros_like(values);
+  Matrix w = to_matrix(values.view({24, 16})), momentum(24, std::vector<double>(16, 0.0));
+  for (int step = 1; step <= 3; ++step) {
+    const torch::Tensor grad = torch::randn({24 * 16}, torch::kFloat64);
+    const double clip = step == 2 ? 0.5 : 1.0;
+    UpdateSlice s{0, 0, true, values, grad.clone(), {m, v}, {}};
+    const UpdateArgs args{lr, clip, step};
+    torch::Tensor direction = torch::empty_like(values);
+    muon->prepare(p, s, direction, args);
+    const torch::Tensor out = muon->transform(p, direction.view({24, 16}), args);
+    muon->apply(p, s, out.reshape({-1}), args);
+
+    const Matrix g = to_matrix(grad.view({24, 16}));
+    Matrix d = g;
+    for (size_t i = 0; i < 24; ++i) {
+      for (size_t j = 0; j < 16; ++j) {
+        const double gi = g[i][j] * clip;
+        momentum[i][j] = mu * momentum[i][j] + (1 - mu) * gi;
+        d[i][j] = (1 - mu) * gi + mu * momentum[i][j];
+      }
+    }
+    const Matrix o = newton_schulz(d);
+    for (size_t i = 0; i < 24; ++i) {
+      for (size_t j = 0; j < 16; ++j) w[i][j] = w[i][j] * (1 - lr * wd) - lr * 0.2 * std::sqrt(24.0) * o[i][j];
+    }
+    EXPECT_LT(max_relative_error(values.view({24, 16}), w), 1e-12) << "step " << step;
+  }
+  EXPECT_EQ(v.abs().max().item<double>(), 0.0) << "a matrix's exp_avg_sq stays zero";
+}
+
+TEST(Muon, TakesTheBlocksMatricesAndLeavesTheRestToAdamW) {
+  const std::unique_ptr<Optimizer> muon = make("muon");
+  EXPECT_TRUE(muon->whole_matrix(info("model.layers.3.self_attn.q_proj.weight", {64, 64})));
+  EXPECT_TRUE(muon->whole_matrix(info("model.layers.0.mlp.down_proj.weight", {64, 128})));
+  EXPECT_FALSE(muon->whole_matrix(info("model.embed_tokens.weight", {100, 64})));
+  EXPECT_FALSE(muon->whole_matrix(info("lm_head.weight", {100, 64})));
+  EXPECT_FALSE(muon->whole_matrix(info("model.layers.0.self_attn.q_proj.bias", {64})));
+  EXPECT_FALSE(muon->whole_matrix(info("model.norm.weight", {64})));
+  const std::unique_ptr<Optimizer> all = make("muon", "adamw_params = ''\n");
+  EXPECT_TRUE(all->whole_matrix(info("lm_head.weight", {100, 64})));
+}
+
+// Lion, three steps on 1000 elements in fp64, against the update written out:
+// c = b1 m + (1 - b1) g; p = p (1 - lr wd) - lr sign(c); m = b2 m + (1 - b2) g.
+TEST(Lion, ThreeStepsAreTheLineByLineUpdate) {
+  torch::manual_seed(5);
+  const double lr = 0.01, wd = 0.1, b1 = 0.9, b2 = 0.99;
+  const std::unique_ptr<Optimizer> lion = make("lion", "weight_decay = 0.1\n");
+  for (const bool decay : {true, false}) {
+    torch::Tensor values = torch::randn({1000}, torch::kFloat64), m = torch::zeros_like(values);
+    std::vector<double> p(values.data_ptr<double>(), values.data_ptr<double>() + 1000), mm(1000, 0.0);
+    for (int step = 1; step <= 3; ++step) {
+      const torch::Tensor grad = torch::randn({1000}, torch::kFloat64);
+      UpdateSlice s{0, 0, decay, values, grad.clone(), {m}, {}};
+      lion->update(s, UpdateArgs{lr, 0.5, step});
+      for (size_t i = 0; i < 1000; ++i) {
+        const double g = grad[i].item<double>() * 0.5;
+        const double c = b1 * mm[i] + (1 - b1) * g;
+        p[i] = p[i] * (decay ? 1 - lr * wd : 1.0) - lr * ((c > 0) - (c < 0));
+        mm[i] = b2 * mm[i] + (1 - b2) * g;
+      }
+      for (size_t i = 0; i < 1000; ++i) {
+        ASSERT_NEAR(values[i].item<double>(), p[i], 1e-15) << "element " << i << " step " << step;
+        ASSERT_NEAR(m[i].item<double>(), mm[i], 1e-15) << "element " << i << " step " << step;
+      }
+    }
+  }
+}
+
+// Sharded strategies hand an optimizer runs of elements cut wherever the
+// world size puts the shard bounds: element-wise parts must give the same
+// bits whatever the cut (fp32 on the CPU, cut at odd places).
+TEST(Optimizers, ElementWisePartsGiveTheSameBitsForAnyCut) {
+  torch::manual_seed(6);
+  const int64_t n = 70001;
+  for (const char* name : {"adamw", "lion", "muon"}) {
+    const std::unique_ptr<Optimizer> opt = make(name, "weight_decay = 0.1\n");
+    const size_t states = opt->state_names().size();
+    const torch::Tensor start = torch::randn({n});
+    const auto run = [&](std::vector<int64_t> cuts) {
+      torch::Tensor values = start.clone();
+      std::vector<torch::Tensor> state;
+      for (size_t k = 0; k < states; ++k) state.push_back(torch::zeros({n}));
+      torch::Tensor direction = torch::zeros({n});
+      torch::manual_seed(7);
+      for (int step = 1; step <= 3; ++step) {
+        const torch::Tensor grad = torch::randn({n});
+        cuts.push_back(n);
+        int64_t from = 0;
+        for (const int64_t to : cuts) {
+          std::vector<torch::Tensor> part;
+          for (const torch::Tensor& t : state) part.push_back(t.narrow(0, from, to - from));
+          UpdateSlice s{0,    from, true, values.narrow(0, from, to - from), grad.narrow(0, from, to - from).clone(),
+                        part, {}};
+          const UpdateArgs args{1e-2, 0.7, step};
+          opt->update(s, args);
+          if (std::string(name) == "muon") {
+            const ParameterInfo p = info("w", {n});
+            opt->prepare(p, s, direction.narrow(0, from, to - from), args);
+            opt->apply(p, s, direction.narrow(0, from, to - from), args);
+          }
+          from = to;
+        }
+        cuts.pop_back();
+      }
+      return values;
+    };
+    const torch::Tensor whole = run({});
+    EXPECT_TRUE(torch::equal(whole, run({1, 4097, 33333}))) << name;
+    EXPECT_TRUE(torch::equal(whole, run({17, 65536}))) << name;
+  }
+}
+
+// Stochastic rounding to bf16: exact values stay, others land on one of
+// their two bf16 neighbours with the probability that keeps the mean (the
+// test counts it over 2^17 elements: 4 standard deviations), and the bits
+// depend only on (stream, element index), not on where a call starts.
+TEST(LowPrecisionState, StochasticRoundingIsUnbiasedExactAndCutIndependent) {
+  const int64_t n = int64_t(1) << 17;
+  // 1 + 2^-10: between the bf16 neighbours 1 and 1 + 2^-7, 1/8 of the way up.
+  for (const double x : {1.0 + std::ldexp(1.0, -10), -(1.0 + 3 * std::ldexp(1.0, -10)), 3e-30}) {
+    const torch::Tensor src = torch::full({n}, x, torch::kFloat32);
+    torch::Tensor dst = torch::empty({n}, torch::kBFloat16);
+    stochastic_round(dst, src, 12345, 777);
+    const torch::Tensor wide = dst.to(torch::kFloat64);
+    const double xf = src[0].item<double>();
+    // bf16 keeps 8 significant bits: neighbours 2^(e - 7) apart.
+    const double gap = std::ldexp(1.0, std::ilogb(std::abs(xf)) - 7);
+    const double p_up = (std::abs(xf) - std::floor(std::abs(xf) / gap) * gap) / gap;
+    const double mean = wide.mean().item<double>();
+    const double sigma = gap * std::sqrt(p_up * (1 - p_up) / static_cast<double>(n));
+    EXPECT_NEAR(mean, xf, 4 * sigma + 1e-300) << x;
+    // Only the two neighbours occur.
+    const torch::Tensor magnitude = wide.abs();
+    const double floor_value = std::floor(std::abs(xf) / gap) * gap;
+    EXPECT_TRUE(((magnitude == floor_value) | (magnitude == floor_value + gap)).all().item<bool>()) << x;
+    // The same elements from another start and in two calls: the same bits.
+    torch::Tensor parts = torch::empty({n}, torch::kBFloat16);
+    stochastic_round(parts.narrow(0, 0, 1000), src.narrow(0, 0, 1000), 12345, 777);
+    stochastic_round(parts.narrow(0, 1000, n - 1000), src.narrow(0, 1000, n - 1000), 12345, 1777);
+    EXPECT_TRUE(torch::equal(parts, dst)) << x;
+    torch::Tensor other = torch::empty({n}, torch::kBFloat16);
+    stochastic_round(other, src, 54321, 777);
+    EXPECT_FALSE(torch::equal(other, dst)) << "another stream draws other bits";
+  }
+  // Values a bf16 holds exactly never move.
+  const torch::Tensor exact = torch::randn({4096}).to(torch::kBFloat16).to(torch::kFloat32);
+  torch::Tensor out = torch::empty({4096}, torch::kBFloat16);
+  stochastic_round(out, exact, 9, 0);
+  EXPECT_TRUE(torch::equal(out.to(torch::kFloat32), exact));
+}
+
+// AdamW with bf16 moments: the update reads them widened and writes them
+// back rounded stochastically; element-wise, so any cut gives the same
+// bits, and two runs give the same bits. Over 200 steps of a fixed gradient
+// the moments stay within bf16's resolution of fp32 state's.
+TEST(LowPrecisionState, Bf16MomentsRepeatBitForBitAndTrackFp32) {
+  torch::manual_seed(8);
+  const int64_t n = 5000;
+  const std::unique_ptr<Optimizer> fp32 = make("adamw");
+  const std::unique_ptr<Optimizer> bf16 = make("adamw", "state_dtype = 'bf16'\n");
+  ASSERT_EQ(bf16->state_dtype(), torch::kBFloat16);
+  const torch::Tensor start = torch::randn({n}), grad = torch::randn({n});
+  const auto run = [&](Optimizer& opt, std::vector<int64_t> cuts, torch::Dtype dtype) {
+    torch::Tensor values = start.clone();
+    std::vector<torch::Tensor> state = {torch::zeros({n}, dtype), torch::zeros({n}, dtype)};
+    cuts.push_back(n);
+    for (int step = 1; step <= 200; ++step) {
+      int64_t from = 0;
+      for (const int64_t to : cuts) {
+        UpdateSlice s{0,
+                      from,
+                      true,
+                      values.narrow(0, from, to - from),
+                      grad.narrow(0, from, to - from).clone(),
+                      {state[0].narrow(0, from, to - from), state[1].narrow(0, from, to - from)},
+                      {}};
+        opt.update(s, UpdateArgs{1e-3, 1.0, step});
+        from = to;
+      }
+    }
+    return std::make_pair(values, state[0].to(torch::kFloat32));
+  };
+  const auto [wide_values, wide_m] = run(*fp32, {}, torch::kFloat32);
+  const auto [a, a_m] = run(*bf16, {}, torch::kBFloat16);
+  const auto [b, b_m] = run(*bf16, {77, 3001}, torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(a, b));
+  EXPECT_TRUE(torch::equal(a_m, b_m));
+  // m converges to g: bf16 (8 bits) rounding leaves it within 2^-7 relative.
+  EXPECT_LT(((a_m - wide_m).abs() / wide_m.abs().clamp_min(1e-6)).max().item<double>(), std::ldexp(1.0, -7));
+  // The weights move as with fp32 moments, to bf16's resolution of the step.
+  const double moved = (wide_values - start).norm().item<double>();
+  EXPECT_LT((a - wide_values).norm().item<double>(), 1e-2 * moved);
+}
+
+}  // namespace
+}  // namespace trainer
