@@ -120,13 +120,19 @@ TEST(ConformanceNegativeControl, BrokenAccumulatorsFail) {
 // reference's, the state through checkpoints across world sizes and
 // strategies, and a resumed step bit for bit. (`trainer check-plugin muon`
 // runs every default split: README, Optimizers; here a subset, for time.)
-void expect_optimizer_passes(const std::string& optimizer, const std::string& arguments, size_t expected_rows) {
+// `loaded`: rows that loaded the previous split's checkpoint (every split
+// but the very first: across world sizes, and across strategies).
+void expect_optimizer_passes(const std::string& optimizer, const std::string& arguments, size_t expected_rows,
+                             size_t loaded) {
   const std::string dir = scratch_dir("ConformanceOptimizer_" + optimizer);
   const auto result = trainer("check-plugin " + optimizer + " " + arguments + " --report " + dir + "/report.jsonl");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const std::vector<MetricsRow> rows = read_metrics(dir + "/report.jsonl");
   ASSERT_EQ(rows.size(), expected_rows) << optimizer;
+  size_t loaded_rows = 0;
   for (const MetricsRow& row : rows) {
+    EXPECT_NE(row.at("checkpoint_loaded"), 0.0) << optimizer;
+    loaded_rows += row.at("checkpoint_loaded") == 1.0 ? 1 : 0;
     EXPECT_LE(row.at("param_error"), 1e-4) << optimizer;
     EXPECT_EQ(row.at("resumed_identical"), 1.0) << optimizer;
     if (row.at("world") == 1) {
@@ -137,18 +143,19 @@ void expect_optimizer_passes(const std::string& optimizer, const std::string& ar
       EXPECT_EQ(row.at("wrong_parameters"), 0.0) << optimizer;
     }
   }
+  EXPECT_EQ(loaded_rows, loaded) << optimizer;
 }
 
 TEST(ConformanceOptimizers, MuonAndLionPassUnderEveryStrategy) {
   // ddp has no hybrid split: 1 + 4 rows; each ZeRO stage 1 + 4 + 4.
-  expect_optimizer_passes("muon", "--split 2,4,1 --split 1,2,4 --split 1,2,4,2", 5u + 3 * 9u);
-  expect_optimizer_passes("lion", "--strategy zero2 --split 2,2,2", 2u);
+  expect_optimizer_passes("muon", "--split 2,4,1 --split 1,2,4 --split 1,2,4,2", 5u + 3 * 9u, 5u + 3 * 9u - 1);
+  expect_optimizer_passes("lion", "--strategy zero2 --split 2,2,2", 2u, 0u);
 }
 
 // Muon's matrices split across four shards: the whole-matrix path's
 // all-reduce, at one split (this one also runs under the sanitizers).
 TEST(ConformanceOptimizers, MuonUnderZero3AtWorldSizeFour) {
-  expect_optimizer_passes("muon", "--strategy zero3 --split 1,2,4", 4u);
+  expect_optimizer_passes("muon", "--strategy zero3 --split 1,2,4", 4u, 0u);
 }
 
 // The optimizer kit can fail: an optimizer that updates rank 0's shard

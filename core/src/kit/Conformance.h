@@ -48,7 +48,11 @@ struct ConformanceRequest {
   double timeout_s = 120;
   std::vector<std::string> plugin_dirs;  ///< --plugin-dir as given: workers search them too
   std::string report;                    ///< JSONL output: one row per split and rank
-  std::string load_checkpoint;           ///< (per split) the previous split's checkpoint, loaded and compared
+  /// Workers: the previous split's checkpoint, loaded and compared; the
+  /// driver: the checkpoint its first split loads ("" none).
+  std::string load_checkpoint;
+  /// The driver: where the last split's checkpoint is copied ("" nowhere).
+  std::string keep_last_checkpoint;
 };
 
 /// Tolerances of the contract in fp32 (their origin is in kit/Checks.cpp).

@@ -138,9 +138,15 @@ int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
   std::ofstream report;
   if (!request.report.empty()) report.open(request.report, std::ios::trunc);
   std::vector<std::string> failed;
+  // Each strategy's first split loads the checkpoint the previous
+  // strategy's last split wrote: the optimizer's state across strategies.
+  const fs::path carried = fs::temp_directory_path() / fmt::format("trainer-optimizer-kit-{}", getpid());
+  std::string previous;
   for (const std::string& strategy : strategies) {
     ConformanceRequest one = request;
     one.strategy = strategy;
+    one.load_checkpoint = previous;
+    one.keep_last_checkpoint = (carried / strategy / "checkpoints" / fmt::format("step-{:08d}", kSteps)).string();
     const std::vector<Split> defaults = default_splits(registry.find(PluginKind::Strategy, strategy));
     if (one.splits.empty()) {
       one.splits = defaults;
@@ -153,6 +159,7 @@ int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
     }
     if (!request.report.empty()) one.report = request.report + "." + strategy;
     if (check_plugin(registry, one, executable) != 0) failed.push_back(strategy);
+    previous = fs::exists(one.keep_last_checkpoint) ? one.keep_last_checkpoint : "";
     if (!request.report.empty()) {  // one report: each row names its strategy
       std::ifstream rows(one.report);
       for (std::string line; std::getline(rows, line);) {
@@ -164,6 +171,7 @@ int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
       fs::remove(one.report);
     }
   }
+  remove_tree(carried.string());
   fmt::print("optimizer '{}': {}\n", request.optimizer,
              failed.empty() ? fmt::format("passes under {}", fmt::join(strategies, ", "))
                             : fmt::format("FAILED under {}", fmt::join(failed, ", ")));
@@ -182,8 +190,10 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
       plugin.descriptor->name, plugin.file, request.optimizer, "split", "rank", "grad err", "norm err", "param err",
       "masked", "=ddp");
   bool all_pass = true;
-  double reproducible_hash = -1;    // every split and rank must report the first one's
-  std::string previous_checkpoint;  // each split loads the one the split before it wrote
+  double reproducible_hash = -1;  // every split and rank must report the first one's
+  // Each split loads the one the split before it wrote; the first, the one
+  // the caller names (the previous strategy's, under check_optimizer).
+  std::string previous_checkpoint = request.load_checkpoint;
   for (const Split& split : request.splits) {
     const fs::path dir = scratch / split.text();
     fs::create_directories(dir);
@@ -286,6 +296,13 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
                         {"pass", pass && reproducible}};
         report << line.dump() << "\n";
       }
+    }
+  }
+  if (!request.keep_last_checkpoint.empty()) {
+    remove_tree(request.keep_last_checkpoint);
+    if (!previous_checkpoint.empty()) {
+      fs::create_directories(fs::path(request.keep_last_checkpoint).parent_path());
+      fs::copy(previous_checkpoint, request.keep_last_checkpoint, fs::copy_options::recursive);
     }
   }
   remove_tree(scratch.string());
