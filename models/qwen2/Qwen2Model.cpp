@@ -139,15 +139,16 @@ class Qwen2Model final : public Model {
     return run(input_ids, [&](const Tensor& x) { return torch::linear(x, lm_head_); });
   }
 
-  // 6 N for the matrices the tokens multiply (the blocks' and the head's:
-  // the embedding is a lookup; norms and biases left out) plus attention's
-  // 12 L H T (PaLM, appendix B).
-  double flops_per_token(int64_t seq_len) const override {
+  // Per input token: 6 N for the blocks' matrices (the embedding is a
+  // lookup; norms and biases left out) plus attention's 12 L H T (PaLM,
+  // appendix B: no causal halving, the field's convention). Per target
+  // token: the head's 6 V H, since the fused head computes logits for
+  // target rows only.
+  TrainingFlops training_flops(int64_t seq_len) const override {
     const Config& c = config_;
     const double h = c.hidden_size, kv = static_cast<double>(c.num_kv_heads * c.head_dim());
     const double per_layer = 2 * h * h + 2 * h * kv + 3 * h * c.intermediate_size;
-    const double matrices = c.num_layers * per_layer + c.vocab_size * h;
-    return 6 * matrices + 12.0 * c.num_layers * h * seq_len;
+    return {6 * c.num_layers * per_layer + 12.0 * c.num_layers * h * seq_len, 6.0 * c.vocab_size * h};
   }
 
   std::string hf_config() const override {

@@ -93,7 +93,7 @@ TEST(Cli, CsvLoggerWritesTheJsonlColumnsAndSurvivesResume) {
   std::getline(csv, line);
   EXPECT_EQ(line,
             "step,loss,grad_norm,lr,target_tokens,samples,input_tokens,step_seconds,skipped,tokens_per_second,mfu,"
-            "data_seconds,memory_allocated_bytes,memory_reserved_bytes,rss_bytes");
+            "mfu_datasheet,data_seconds,memory_allocated_bytes,memory_reserved_bytes,rss_bytes");
   const std::vector<MetricsRow> records = read_metrics(dir + "/run/metrics.jsonl");
   ASSERT_EQ(records.size(), 6u);
   size_t row = 0;
@@ -102,7 +102,7 @@ TEST(Cli, CsvLoggerWritesTheJsonlColumnsAndSurvivesResume) {
     std::istringstream fields(line);
     std::string field;
     for (const char* key : {"step", "loss", "grad_norm", "lr", "target_tokens", "samples", "input_tokens",
-                            "step_seconds", "skipped", "tokens_per_second", "mfu", "data_seconds"}) {
+                            "step_seconds", "skipped", "tokens_per_second", "mfu", "mfu_datasheet", "data_seconds"}) {
       std::getline(fields, field, ',');
       const double value = records[row].at(key);
       if (std::isnan(value))
@@ -120,27 +120,44 @@ TEST(Cli, CsvLoggerWritesTheJsonlColumnsAndSurvivesResume) {
 }
 
 // Throughput, MFU, data time and memory in every record: tokens/s is the
-// input tokens over the step's time; MFU is the model's FLOPs per token
-// (computed here independently from the quickstart shape) times tokens/s
-// over the given peak; the CPU reports its resident set, not CUDA memory.
+// input tokens over the step's time; MFU is the FLOPs the step executes
+// over its time and the given peak, with the FLOPs counted here from the
+// quickstart shape by enumerating each token's matmuls (the head's only for
+// target tokens: the fused head computes logits for target rows alone),
+// and mfu_datasheet the same over run.datasheet_tflops; the CPU reports
+// its resident set, not CUDA memory.
 TEST(Cli, MetricsCarryThroughputMfuDataTimeAndMemory) {
   const std::string dir = scratch_dir("CliMetrics");
   const std::string recipe =
       write_file(dir + "/recipe.toml", read_file(kQuickstart) + "\n[[logger]]\nname = 'jsonl'\n");
   const CommandResult run = trainer("run " + recipe + " --set run.output_dir=" + dir +
-                                    "/run --set training.steps=3 --set run.peak_tflops=0.25 --set logger.0.interval=1");
+                                    "/run --set training.steps=3 --set run.peak_tflops=0.25 --set logger.0.interval=1 "
+                                    "--set run.datasheet_tflops=0.5");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_TRUE(contains(run, "MFU ")) << run.output;
   EXPECT_TRUE(contains(run, " GiB")) << run.output;
-  // hidden 64, kv width 2 x 16, intermediate 128, 2 layers, vocab 64, seq 32.
-  const double matrices = 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128) + 64 * 64;
-  const double flops_per_token = 6 * matrices + 12.0 * 2 * 64 * 32;
+  // Multiply-adds of one token's forward: hidden 64, 4 heads and 2 key/value
+  // heads of 16, intermediate 128, 2 layers, vocab 64, seq 32.
+  struct Matmul {
+    double in, out;
+  };
+  const Matmul layer[] = {{64, 64},  {64, 32},  {64, 32}, {64, 64},  // q, k, v, o
+                          {64, 128}, {64, 128}, {128, 64}};          // gate, up, down
+  double layer_macs = 0;
+  for (const Matmul& m : layer) layer_macs += m.in * m.out;
+  const double attention_macs = 32 * 64 + 32 * 64;  // scores against 32 positions, then the weighted values
+  // 2 FLOPs per multiply-add; backward does twice forward's work.
+  const double per_input_token = 3 * 2 * 2 * (layer_macs + attention_macs);
+  const double per_target_token = 3 * 2 * (64.0 * 64);  // the head, 64 x vocab 64
   const std::vector<MetricsRow> records = read_metrics(dir + "/run/metrics.jsonl");
   ASSERT_EQ(records.size(), 3u);
   for (const MetricsRow& r : records) {
     const double tps = r.at("input_tokens") / r.at("step_seconds");
     EXPECT_NEAR(r.at("tokens_per_second"), tps, 1e-9 * tps);
-    EXPECT_NEAR(r.at("mfu"), flops_per_token * r.at("tokens_per_second") / 0.25e12, 1e-9 * r.at("mfu"));
+    const double flops = per_input_token * r.at("input_tokens") + per_target_token * r.at("target_tokens");
+    EXPECT_NEAR(r.at("mfu"), flops / r.at("step_seconds") / 0.25e12, 1e-9 * r.at("mfu"));
+    EXPECT_NEAR(r.at("mfu_datasheet"), flops / r.at("step_seconds") / 0.5e12, 1e-9 * r.at("mfu"));
+    EXPECT_LT(r.at("target_tokens"), r.at("input_tokens")) << "completion-only loss: the head counts fewer rows";
     EXPECT_GE(r.at("data_seconds"), 0.0);
     EXPECT_LE(r.at("data_seconds"), r.at("step_seconds"));
     EXPECT_GT(r.at("rss_bytes"), 16.0 * 1024 * 1024);

@@ -20,9 +20,11 @@ struct RunInfo {
   int64_t grad_accum_steps = 0;
   int world_size = 1;
   std::string strategy;
-  int64_t parameters = 0;        ///< model parameter count
-  double flops_per_token = 0.0;  ///< training FLOPs per input token the model reports; 0: unknown
-  double peak_flops = 0.0;       ///< FLOP/s per rank that MFU is relative to; 0: unknown
+  int64_t parameters = 0;               ///< model parameter count
+  double flops_per_input_token = 0.0;   ///< training FLOPs the model reports per input token; 0: unknown
+  double flops_per_target_token = 0.0;  ///< and per target token (e.g. the head's logits, for targets only)
+  double peak_flops = 0.0;              ///< measured (or run.peak_tflops) FLOP/s per rank: `mfu`'s; 0: unknown
+  double datasheet_flops = 0.0;         ///< the device's datasheet dense peak per rank: `mfu_datasheet`'s; 0: unknown
 };
 
 /// One optimizer step. `loss` is (sum of token losses in the global batch) /
@@ -39,8 +41,13 @@ struct StepRecord {
   double elapsed_seconds = 0.0;
   bool skipped = false;            ///< no update applied (no target tokens, or non-finite gradient)
   double tokens_per_second = 0.0;  ///< input_tokens / step_seconds, all ranks together
-  /// flops_per_token x tokens_per_second / (peak_flops x world size); NaN when either is unknown.
+  /// The step's FLOPs (flops_per_input_token x input_tokens +
+  /// flops_per_target_token x target_tokens) / step_seconds / (peak_flops x
+  /// world size); NaN when unknown.
   double mfu = 0.0;
+  /// The same over datasheet_flops (the field's convention: e.g. 989
+  /// TFLOP/s bf16 for an H200); NaN when unknown.
+  double mfu_datasheet = 0.0;
   double data_seconds = 0.0;  ///< of step_seconds: sampling and collating batches, copying them to the device
   /// CUDA: peaks within this step of the caching allocator's allocated and
   /// reserved bytes on rank 0's device; -1 on the CPU.

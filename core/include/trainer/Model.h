@@ -39,6 +39,13 @@ struct LossSum {
   int64_t target_tokens = 0;  ///< number of target tokens it sums over
 };
 
+/// What a step's forward and backward cost: per input token (every
+/// position the model runs) plus per target token (positions with a label).
+struct TrainingFlops {
+  double per_input_token = 0.0;
+  double per_target_token = 0.0;
+};
+
 /// Parameters that run together in forward: the embedding, one block, the
 /// head. Strategies that shard parameters (zero3) gather one unit at a time.
 struct ParameterUnit {
@@ -83,11 +90,13 @@ class Model : public Component {
   /// The model's Hugging Face config.json, for exporting weights; "" when
   /// the model has no Hugging Face equivalent.
   virtual std::string hf_config() const { return ""; }
-  /// Training FLOPs (forward and backward) per token at sequence length
-  /// `seq_len`, for MFU in the metrics; 0 when unknown.
-  virtual double flops_per_token(int64_t seq_len) const {
+  /// Training FLOPs (forward and backward) the model executes at sequence
+  /// length `seq_len`, for MFU in the metrics: per input token, and per
+  /// target token for work done only for targets (a head that computes
+  /// logits for target rows alone). Zeros when unknown.
+  virtual TrainingFlops training_flops(int64_t seq_len) const {
     (void)seq_len;
-    return 0.0;
+    return {};
   }
 
   /// Installs (or, with nullptr, removes) the hooks; not owned.

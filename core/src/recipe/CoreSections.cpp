@@ -18,6 +18,10 @@ constexpr KeySpec kRunKeys[] = {
      "per-rank peak TFLOP/s that MFU is relative to; 0: measured at start on CUDA (a bf16 or fp32 matmul), "
      "no MFU on the CPU",
      0, 1e9},
+    {"datasheet_tflops", VT::Float, "0",
+     "per-rank datasheet dense peak TFLOP/s for mfu_datasheet (the field's convention); 0: looked up for known "
+     "CUDA devices (H100, H200: 989 bf16, 67 fp32; A100: 312, 19.5), none on the CPU",
+     0, 1e9},
     {"profile_start", VT::Int, "0",
      "first step (1-based) recorded with the PyTorch profiler into <output_dir>/profile/trace.json "
      "(a Chrome trace: host operators and CUDA kernels); 0: off",

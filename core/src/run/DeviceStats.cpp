@@ -24,6 +24,7 @@
 #include "trainer/Log.h"
 
 #ifdef TRAINER_CUDA_KERNELS
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
@@ -155,6 +156,28 @@ double measure_matmul_flops(const torch::Device& device, torch::Dtype dtype) {
   }
   std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
   return 2.0 * n * n * n / seconds[seconds.size() / 2];
+}
+
+double datasheet_flops_for(const std::string& name, torch::Dtype dtype) {
+  // NVIDIA's datasheets, dense (without sparsity): bf16 tensor cores; fp32 without TF32.
+  struct Entry {
+    const char* name;   // a part of the name CUDA reports; the first match wins
+    double bf16, fp32;  // TFLOP/s
+  };
+  static const Entry kTable[] = {
+      {"H200", 989.4, 66.9}, {"H100 PCIe", 756.0, 51.2}, {"H100", 989.4, 66.9}, {"A100", 312.0, 19.5}};
+  for (const Entry& e : kTable) {
+    if (name.find(e.name) != std::string::npos) return 1e12 * (dtype == torch::kBFloat16 ? e.bf16 : e.fp32);
+  }
+  return 0.0;
+}
+
+double datasheet_flops(const torch::Device& device, torch::Dtype dtype, std::string* name) {
+  name->clear();
+#ifdef TRAINER_CUDA_KERNELS
+  if (device.is_cuda()) *name = at::cuda::getDeviceProperties(index_of(device))->name;
+#endif
+  return device.is_cuda() ? datasheet_flops_for(*name, dtype) : 0.0;
 }
 
 std::string profiler_unavailable() {

@@ -35,6 +35,14 @@ MemoryPeaks memory_peaks(const torch::Device& device);
 /// 8192^3 products; 0 on the CPU (not measured: give run.peak_tflops).
 double measure_matmul_flops(const torch::Device& device, torch::Dtype dtype);
 
+/// The datasheet's dense peak FLOP/s (no sparsity) of `device` for `dtype`
+/// (bf16 on tensor cores; fp32 without TF32) for the devices this table
+/// knows by the name CUDA reports (H200, H100 SXM and PCIe, A100), the name
+/// in `name`; 0 for others and on the CPU.
+double datasheet_flops(const torch::Device& device, torch::Dtype dtype, std::string* name);
+/// The table behind it: the peak for a device named `name`, 0 when unknown.
+double datasheet_flops_for(const std::string& name, torch::Dtype dtype);
+
 /// Empty when this LibTorch can record and write a profiler trace (it was
 /// built with Kineto); otherwise what is missing, for an error message.
 std::string profiler_unavailable();

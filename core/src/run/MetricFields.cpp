@@ -21,6 +21,7 @@ std::vector<MetricField> metric_fields(const StepRecord& r) {
       {"skipped", r.skipped ? 1.0 : 0.0, K::Bool},
       {"tokens_per_second", r.tokens_per_second, K::Real},
       {"mfu", r.mfu, K::Real},
+      {"mfu_datasheet", r.mfu_datasheet, K::Real},
       {"data_seconds", r.data_seconds, K::Real},
       {"memory_allocated_bytes", bytes(r.memory_allocated_bytes), K::Integer},
       {"memory_reserved_bytes", bytes(r.memory_reserved_bytes), K::Integer},

@@ -36,6 +36,7 @@ RunConfig run_config(const Recipe& recipe, int world_size) {
   config.device = recipe.run.text("device");
   config.seed = static_cast<uint64_t>(recipe.run.integer("seed"));
   config.peak_tflops = recipe.run.real("peak_tflops");
+  config.datasheet_tflops = recipe.run.real("datasheet_tflops");
   config.steps = recipe.training.integer("steps");
   config.shape = batch_shape(recipe, world_size);
   config.compute_dtype = recipe.training.text("precision") == "bf16" ? torch::kBFloat16 : torch::kFloat32;

@@ -49,7 +49,8 @@ struct RunConfig {
   std::string output_dir;  ///< run.output_dir, or runs/<run.name>
   std::string device;      ///< "cpu" | "cuda"
   uint64_t seed = 0;
-  double peak_tflops = 0;  ///< run.peak_tflops; 0: measured on CUDA
+  double peak_tflops = 0;       ///< run.peak_tflops; 0: measured on CUDA
+  double datasheet_tflops = 0;  ///< run.datasheet_tflops; 0: looked up for known CUDA devices
   int64_t steps = 0;
   BatchShape shape;
   torch::Dtype compute_dtype = torch::kFloat32;  ///< training.precision

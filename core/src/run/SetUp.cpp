@@ -132,8 +132,19 @@ RunInfo describe_run(const RunConfig& config, const RunParts& run) {
   info.world_size = config.shape.world_size;
   info.strategy = run.strategy_name;
   info.parameters = run.parameter_count;
-  info.flops_per_token = run.model->flops_per_token(run.dataset->seq_len());
+  const TrainingFlops flops = run.model->training_flops(run.dataset->seq_len());
+  info.flops_per_input_token = flops.per_input_token;
+  info.flops_per_target_token = flops.per_target_token;
   info.peak_flops = config.peak_tflops * 1e12;
+  info.datasheet_flops = config.datasheet_tflops * 1e12;
+  if (info.datasheet_flops == 0.0 && run.device.is_cuda()) {
+    std::string device_name;
+    info.datasheet_flops = datasheet_flops(run.device, config.compute_dtype, &device_name);
+    log::info(info.datasheet_flops > 0
+                  ? fmt::format("{}: datasheet dense {} peak {:.0f} TFLOP/s per rank (mfu_datasheet)", device_name,
+                                config.compute_dtype == torch::kBFloat16 ? "bf16" : "fp32", info.datasheet_flops / 1e12)
+                  : fmt::format("{}: no datasheet peak known (run.datasheet_tflops sets it)", device_name));
+  }
   if (info.peak_flops == 0.0 && run.device.is_cuda()) {
     info.peak_flops = measure_matmul_flops(run.device, config.compute_dtype);
     log::info(

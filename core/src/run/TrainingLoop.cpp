@@ -255,9 +255,14 @@ StepRecord step_record(const StepOutcome& outcome, double step_seconds, double e
   record.step_seconds = step_seconds;
   record.elapsed_seconds = elapsed_seconds;
   record.tokens_per_second = step_seconds > 0 ? outcome.input_tokens / step_seconds : 0.0;
-  record.mfu = info.flops_per_token > 0 && info.peak_flops > 0
-                   ? info.flops_per_token * record.tokens_per_second / (info.peak_flops * info.world_size)
-                   : std::numeric_limits<double>::quiet_NaN();
+  const double flops = info.flops_per_input_token * static_cast<double>(outcome.input_tokens) +
+                       info.flops_per_target_token * static_cast<double>(outcome.target_tokens);
+  const auto utilisation = [&](double peak) {
+    return flops > 0 && peak > 0 && step_seconds > 0 ? flops / step_seconds / (peak * info.world_size)
+                                                     : std::numeric_limits<double>::quiet_NaN();
+  };
+  record.mfu = utilisation(info.peak_flops);
+  record.mfu_datasheet = utilisation(info.datasheet_flops);
   record.memory_allocated_bytes = peaks.allocated_bytes;
   record.memory_reserved_bytes = peaks.reserved_bytes;
   record.rss_bytes = peaks.rss_bytes;

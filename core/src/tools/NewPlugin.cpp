@@ -128,6 +128,7 @@ const std::vector<std::string>& sdk_type_names() {
                                                  "StrategyEnv",
                                                  "StreamedGradients",
                                                  "Tokenizer",
+                                                 "TrainingFlops",
                                                  "TrainingError",
                                                  "UnitHooks",
                                                  "UpdateArgs",

@@ -72,6 +72,7 @@ constexpr Scalar kScalars[] = {
     {"lr", "lr", 1.0},
     {"tokens_per_second", "throughput(tps)", 1.0},
     {"mfu", "mfu(%)", 100.0},
+    {"mfu_datasheet", "mfu_datasheet(%)", 100.0},
     {"memory_allocated_bytes", "memory/max_allocated(GiB)", 1.0 / kGiB},
     {"memory_reserved_bytes", "memory/max_reserved(GiB)", 1.0 / kGiB},
     {"rss_bytes", "memory/rss(GiB)", 1.0 / kGiB},

@@ -55,7 +55,9 @@ class @CLASS@ final : public Model {
   }
 
   // The output matrix's forward and backward: 6 FLOPs per weight per token.
-  double flops_per_token(int64_t) const override { return 6.0 * static_cast<double>(vocab_size_ * hidden_size_); }
+  TrainingFlops training_flops(int64_t) const override {
+    return {6.0 * static_cast<double>(vocab_size_ * hidden_size_), 0.0};  // logits at every position
+  }
 
  private:
   torch::Tensor add(const std::string& name, torch::Tensor tensor) {
