@@ -3,25 +3,28 @@
 // back, and, where a strategy computes in bf16, the updated parameters
 // rounded to bf16 in the same pass (a separate copy would read the fp32
 // parameters again). The operations are adamw_update's CPU loop's, element
-// by element, but nvcc contracts multiply-adds into FMAs by default, so a
-// result can differ from the CPU's in the last place.
+// by element and in its order, written with the round-to-nearest
+// intrinsics (__fmul_rn, __fadd_rn, ...), which nvcc never contracts into
+// FMAs: the vector and the scalar path, and the CPU loop (compiled without
+// contraction), give the same bits (OpsGpu.FusedAdamWMatchesTheCpuUpdate).
 #include "KernelSupport.cuh"
 
 namespace trainer::ops::kernels {
 namespace {
 
-// torch.lerp's formula, exact at both ends.
+// torch.lerp's formula, exact at both ends (below 0.5, the CPU loop's m + w (g - m)).
 __device__ inline float lerp(float self, float end, float weight) {
-  return fabsf(weight) < 0.5f ? self + weight * (end - self) : end - (end - self) * (1.0f - weight);
+  return fabsf(weight) < 0.5f ? __fadd_rn(self, __fmul_rn(weight, __fsub_rn(end, self)))
+                              : __fsub_rn(end, __fmul_rn(__fsub_rn(end, self), __fsub_rn(1.0f, weight)));
 }
 
 __device__ inline void adamw_element(float& p, float g, float& m, float& v, const AdamWScalars& s) {
-  g = g * s.grad_scale;
-  p = p * s.decay_factor;
+  g = __fmul_rn(g, s.grad_scale);
+  p = __fmul_rn(p, s.decay_factor);
   m = lerp(m, g, s.one_minus_beta1);
-  v = v * s.beta2 + s.one_minus_beta2 * g * g;
-  const float denom = sqrtf(v) / s.bias_correction2_sqrt + s.eps;
-  p = p - s.step_size * (m / denom);
+  v = __fadd_rn(__fmul_rn(v, s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.bias_correction2_sqrt), s.eps);
+  p = __fsub_rn(p, __fmul_rn(s.step_size, __fdiv_rn(m, denom)));
 }
 
 // Vector path: 4 elements per access (16 bytes of each fp32 buffer, 8 of bf16).
