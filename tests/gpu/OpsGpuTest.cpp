@@ -235,8 +235,8 @@ TEST(OpsGpu, FusedAdamWMatchesTheCpuUpdate) {
     // either side (the kernel's _rn intrinsics, the CPU loop's
     // -ffp-contract=off), IEEE division and square root on both: the same
     // bits, on the vector path (offset 0) and the scalar one (offset 1).
-    EXPECT_TRUE(torch::equal(gpu.cpu(), cpu_view)) << "offset " << offset << ": relative difference "
-                                                   << relative_error(gpu, cpu_view);
+    EXPECT_TRUE(torch::equal(gpu.cpu(), cpu_view))
+        << "offset " << offset << ": relative difference " << relative_error(gpu, cpu_view);
     EXPECT_TRUE(torch::equal(gpu_state.exp_avg.cpu(), cpu_state.exp_avg)) << "offset " << offset;
     EXPECT_TRUE(torch::equal(gpu_state.exp_avg_sq.cpu(), cpu_state.exp_avg_sq)) << "offset " << offset;
     EXPECT_TRUE(torch::equal(compute, gpu.to(torch::kBFloat16))) << "offset " << offset;
