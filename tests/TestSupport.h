@@ -23,9 +23,16 @@
 
 namespace trainer::testing {
 
-/// A fresh, empty directory under the build tree for one test.
+/// A fresh, empty directory under the build tree for one test. It lies
+/// under the running test's own folder, so tests that ctest runs side by
+/// side never share one, whatever names they choose.
 inline std::string scratch_dir(const std::string& name) {
-  const std::filesystem::path dir = std::filesystem::path(TRAINER_TEST_TMP) / name;
+  std::string owner = "outside-tests";
+  if (const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info()) {
+    owner = std::string(test->test_suite_name()) + "." + test->name();
+    for (char& c : owner) c = c == '/' ? '_' : c;
+  }
+  const std::filesystem::path dir = std::filesystem::path(TRAINER_TEST_TMP) / owner / name;
   remove_tree(dir.string());
   std::filesystem::create_directories(dir);
   return dir.string();

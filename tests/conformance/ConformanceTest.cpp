@@ -122,9 +122,11 @@ TEST(ConformanceNegativeControl, BrokenAccumulatorsFail) {
 // runs every default split: README, Optimizers; here a subset, for time.)
 // `loaded`: rows that loaded the previous split's checkpoint (every split
 // but the very first: across world sizes, and across strategies).
-void expect_optimizer_passes(const std::string& optimizer, const std::string& arguments, size_t expected_rows,
-                             size_t loaded) {
-  const std::string dir = scratch_dir("ConformanceOptimizer_" + optimizer);
+// `tag` names the scratch directory: tests that ctest runs side by side
+// must not share one.
+void expect_optimizer_passes(const std::string& tag, const std::string& optimizer, const std::string& arguments,
+                             size_t expected_rows, size_t loaded) {
+  const std::string dir = scratch_dir("ConformanceOptimizer_" + tag + "_" + optimizer);
   const auto result = trainer("check-plugin " + optimizer + " " + arguments + " --report " + dir + "/report.jsonl");
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const std::vector<MetricsRow> rows = read_metrics(dir + "/report.jsonl");
@@ -148,14 +150,15 @@ void expect_optimizer_passes(const std::string& optimizer, const std::string& ar
 
 TEST(ConformanceOptimizers, MuonAndLionPassUnderEveryStrategy) {
   // ddp has no hybrid split: 1 + 4 rows; each ZeRO stage 1 + 4 + 4.
-  expect_optimizer_passes("muon", "--split 2,4,1 --split 1,2,4 --split 1,2,4,2", 5u + 3 * 9u, 5u + 3 * 9u - 1);
-  expect_optimizer_passes("lion", "--strategy zero2 --split 2,2,2", 2u, 0u);
+  expect_optimizer_passes("every-strategy", "muon", "--split 2,4,1 --split 1,2,4 --split 1,2,4,2", 5u + 3 * 9u,
+                          5u + 3 * 9u - 1);
+  expect_optimizer_passes("every-strategy", "lion", "--strategy zero2 --split 2,2,2", 2u, 0u);
 }
 
 // Muon's matrices split across four shards: the whole-matrix path's
 // all-reduce, at one split (this one also runs under the sanitizers).
 TEST(ConformanceOptimizers, MuonUnderZero3AtWorldSizeFour) {
-  expect_optimizer_passes("muon", "--strategy zero3 --split 1,2,4", 4u, 0u);
+  expect_optimizer_passes("zero3-world-four", "muon", "--strategy zero3 --split 1,2,4", 4u, 0u);
 }
 
 // The optimizer kit can fail: an optimizer that updates rank 0's shard

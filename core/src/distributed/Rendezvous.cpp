@@ -26,6 +26,9 @@ torch::Device bind_rank_device(bool cuda, const WorldInfo& world) {
 #ifdef TRAINER_CUDA_KERNELS
   c10::cuda::set_device(device.index());
 #endif
+  // The CUDA context and LibTorch's per-device state on this GPU exist from
+  // here on (they are otherwise made by the first tensor, wherever it lands).
+  (void)torch::empty({0}, torch::TensorOptions().device(device));
   return device;
 }
 

@@ -32,6 +32,19 @@ namespace trainer {
 
 namespace {
 c10::DeviceIndex index_of(const torch::Device& device) { return device.index() < 0 ? 0 : device.index(); }
+
+#ifdef TRAINER_CUDA_KERNELS
+// The caching allocator's per-device state is created lazily, with the
+// process's first CUDA tensor; until then its statistics calls throw
+// ("Invalid device argument 0: did you call init?"). An empty tensor
+// creates it (and allocates nothing), so the statistics can be read before
+// the run's first tensor: live_bytes() is the baseline taken before the
+// model exists.
+c10::DeviceIndex initialised_index(const torch::Device& device) {
+  (void)torch::empty({0}, torch::TensorOptions().device(torch::kCUDA, index_of(device)));
+  return index_of(device);
+}
+#endif
 }  // namespace
 
 // The CPU allocator, counted: each allocation comes from the allocator it
@@ -105,7 +118,7 @@ void count_cpu_allocations() {
 int64_t live_bytes(const torch::Device& device) {
 #ifdef TRAINER_CUDA_KERNELS
   if (device.is_cuda()) {
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(index_of(device)).allocated_bytes[0].current;
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(initialised_index(device)).allocated_bytes[0].current;
   }
 #endif
   (void)device;
@@ -115,7 +128,7 @@ int64_t live_bytes(const torch::Device& device) {
 
 void reset_memory_peaks(const torch::Device& device) {
 #ifdef TRAINER_CUDA_KERNELS
-  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(index_of(device));
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(initialised_index(device));
 #else
   (void)device;
 #endif
@@ -125,7 +138,7 @@ MemoryPeaks memory_peaks(const torch::Device& device) {
   MemoryPeaks peaks;
 #ifdef TRAINER_CUDA_KERNELS
   if (device.is_cuda()) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index_of(device));
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(initialised_index(device));
     peaks.allocated_bytes = stats.allocated_bytes[0].peak;  // [0]: the aggregate over pools
     peaks.reserved_bytes = stats.reserved_bytes[0].peak;
     return peaks;
