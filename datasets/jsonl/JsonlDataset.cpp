@@ -13,6 +13,7 @@
 #include "trainer/Dataset.h"
 #include "trainer/Errors.h"
 #include "trainer/Log.h"
+#include "trainer/util/Packing.h"
 #include "trainer/util/Tokenizer.h"
 
 #include "JsonlRecord.h"
@@ -27,7 +28,9 @@ class JsonlDataset final : public Dataset {
       : path_(options.text("path")),
         seq_len_(options.integer("seq_len")),
         completion_only_(options.boolean("completion_only_loss")),
-        shuffle_(options.boolean("shuffle")) {
+        shuffle_(options.boolean("shuffle")),
+        pack_(options.boolean("pack")),
+        long_documents_(long_documents_from(options.text("long_documents"))) {
     if (!options.text("tokenizer").empty()) {
       try {
         tokenizer_ = Tokenizer::load(options.text("tokenizer"));
@@ -43,7 +46,8 @@ class JsonlDataset final : public Dataset {
       options.fail("vocab_size",
                    fmt::format("at least the tokenizer's {} ({}), or 0 to follow it", needed, tokenizer_->path()));
     }
-    record_format_ = JsonlRecordFormat{seq_len_, vocab_size_, completion_only_, tokenizer_.get()};
+    // Records are read whole; fit_document applies long_documents.
+    record_format_ = JsonlRecordFormat{int64_t(1) << 40, vocab_size_, completion_only_, tokenizer_.get()};
     if (std::filesystem::exists(path_) && !std::filesystem::is_regular_file(path_)) {
       options.fail("path", fmt::format("a regular file; '{}' is not one", path_));  // a FIFO would block
     }
@@ -56,7 +60,9 @@ class JsonlDataset final : public Dataset {
     for (int64_t number = 1; std::getline(in, line); ++number) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       try {
-        samples_.push_back(parse_jsonl_record(line, record_format_));
+        for (Sample& piece : fit_document(parse_jsonl_record(line, record_format_), seq_len_ + 1, long_documents_)) {
+          samples_.push_back(std::move(piece));
+        }
       } catch (const std::exception& error) {
         const std::string where = fmt::format("{}:{}: {}", path_, number, error.what());
         if (!skip_bad) throw InputError(where + " (set dataset.skip_bad_lines = true to skip such lines)");
@@ -76,10 +82,25 @@ class JsonlDataset final : public Dataset {
                       "completion is cut off or empty); raise dataset.seq_len or shorten the prompts",
                       path_, seq_len_));
     }
+    if (pack_) {
+      std::vector<int64_t> lengths;
+      for (const Sample& sample : samples_) lengths.push_back(static_cast<int64_t>(sample.tokens.size()));
+      windows_ = pack_documents(lengths, seq_len_ + 1);
+      log::info(fmt::format("{}: {} documents packed into {} windows of seq_len = {} ({:.2f} per window)", path_,
+                            samples_.size(), windows_.size(), seq_len_,
+                            static_cast<double>(samples_.size()) / static_cast<double>(windows_.size())));
+    }
   }
 
-  int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
-  Sample get(int64_t index) const override { return samples_.at(static_cast<size_t>(index)); }
+  int64_t size() const override { return static_cast<int64_t>(pack_ ? windows_.size() : samples_.size()); }
+  Sample get(int64_t index) const override {
+    if (!pack_) return samples_.at(static_cast<size_t>(index));
+    std::vector<const Sample*> documents;
+    for (const int64_t d : windows_.at(static_cast<size_t>(index)))
+      documents.push_back(&samples_[static_cast<size_t>(d)]);
+    return concatenate_documents(documents);
+  }
+  bool packs_documents() const override { return pack_; }
   int64_t seq_len() const override { return seq_len_; }
   int64_t vocab_size() const override { return vocab_size_; }
   bool shuffle() const override { return shuffle_; }
@@ -87,15 +108,17 @@ class JsonlDataset final : public Dataset {
  private:
   std::string path_;
   int64_t seq_len_, vocab_size_ = 0;
-  bool completion_only_, shuffle_;
+  bool completion_only_, shuffle_, pack_;
+  LongDocuments long_documents_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   JsonlRecordFormat record_format_{};
-  std::vector<Sample> samples_;
+  std::vector<Sample> samples_;                // one per record, or per piece of a split record
+  std::vector<std::vector<int64_t>> windows_;  // pack: the samples_ each window holds
 };
 
 constexpr KeySpec kKeys[] = {
     {"path", ValueType::String, nullptr, "the .jsonl file"},
-    {"seq_len", ValueType::Int, "512", "input positions per sample; longer records are truncated", 1, 1 << 24},
+    {"seq_len", ValueType::Int, "512", "input positions per sample (longer records: long_documents)", 1, 1 << 24},
     {"tokenizer", ValueType::String, "''",
      "a Hugging Face tokenizer.json (or a directory holding one) for text records; '': bytes, BOS 256, EOS 257"},
     {"vocab_size", ValueType::Int, "0",
@@ -104,6 +127,11 @@ constexpr KeySpec kKeys[] = {
      "loss on completion tokens only (else every token after the first)"},
     {"skip_bad_lines", ValueType::Bool, "false", "skip malformed lines (counted and reported) instead of failing"},
     {"shuffle", ValueType::Bool, "true", "false: step t takes records t*G .. (t+1)*G - 1 in file order"},
+    {"pack", ValueType::Bool, "false",
+     "several records per sample (best fit in file order), each with its own positions and attention"},
+    {"long_documents", ValueType::String, "'truncate'",
+     "a record of more than seq_len + 1 tokens: keep its start, split it into overlapping pieces, or refuse it",
+     -kNoLimit, kNoLimit, "truncate|split|refuse"},
 };
 
 }  // namespace

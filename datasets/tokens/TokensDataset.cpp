@@ -14,12 +14,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "trainer/Dataset.h"
 #include "trainer/Errors.h"
+#include "trainer/Log.h"
+#include "trainer/util/Packing.h"
 
 namespace {
 
@@ -32,7 +35,8 @@ class TokensDataset final : public Dataset {
         seq_len_(options.integer("seq_len")),
         vocab_size_(options.integer("vocab_size")),
         width_(options.text("dtype") == "uint16" ? 2 : 4),
-        shuffle_(options.boolean("shuffle")) {
+        shuffle_(options.boolean("shuffle")),
+        pack_(options.boolean("pack")) {
     // A FIFO or device would block or never end; only regular files are data.
     struct stat kind {};
     if (stat(path_.c_str(), &kind) == 0 && !S_ISREG(kind.st_mode)) {
@@ -52,10 +56,19 @@ class TokensDataset final : public Dataset {
                       path_, bytes, options.text("dtype"), width_));
     }
     tokens_ = static_cast<int64_t>(bytes / width_);
-    if (tokens_ < seq_len_ + 1) {
+    if (!pack_ && tokens_ < seq_len_ + 1) {
       close(fd_);
       throw InputError(
           fmt::format("{}: {} tokens, fewer than one window of seq_len + 1 = {}", path_, tokens_, seq_len_ + 1));
+    }
+    if (pack_) {
+      try {
+        read_documents(options.text("docs").empty() ? path_ + ".docs" : options.text("docs"),
+                       long_documents_from(options.text("long_documents")));
+      } catch (...) {
+        close(fd_);
+        throw;
+      }
     }
     if (context.rank != 0) return;
     // One pass in 16 MiB reads (disk or page-cache bandwidth), so a bad id
@@ -73,12 +86,14 @@ class TokensDataset final : public Dataset {
   }
   ~TokensDataset() override { close(fd_); }
 
-  int64_t size() const override { return (tokens_ - 1) / seq_len_; }
+  int64_t size() const override { return pack_ ? static_cast<int64_t>(windows_.size()) : (tokens_ - 1) / seq_len_; }
   int64_t seq_len() const override { return seq_len_; }
   int64_t vocab_size() const override { return vocab_size_; }
   bool shuffle() const override { return shuffle_; }
+  bool packs_documents() const override { return pack_; }
 
   Sample get(int64_t index) const override {
+    if (pack_) return packed_window(index);
     std::vector<int64_t> ids;
     read_ids(index * seq_len_, seq_len_ + 1, ids);
     Sample sample;
@@ -119,12 +134,109 @@ class TokensDataset final : public Dataset {
     }
   }
 
+  // A document, or a piece of one: tokens [first, first + count).
+  struct Span {
+    int64_t first, count;
+  };
+
+  // The .docs file of `trainer tokenize` (uint64 little-endian offsets: each
+  // document's first token, then the total), checked against the tokens
+  // file; its documents fitted to windows (long_documents) and packed.
+  void read_documents(const std::string& docs, LongDocuments policy) {
+    std::ifstream in(docs, std::ios::binary);
+    if (!in) {
+      throw InputError(
+          fmt::format("{}: cannot open the document offsets that dataset.pack = true needs ({}; "
+                      "`trainer tokenize` writes it beside the tokens, dataset.docs names another)",
+                      docs, std::strerror(errno)));
+    }
+    std::vector<uint64_t> offsets;
+    unsigned char raw[8];
+    while (in.read(reinterpret_cast<char*>(raw), 8)) {
+      uint64_t value = 0;
+      for (int b = 7; b >= 0; --b) value = value << 8 | raw[b];
+      offsets.push_back(value);
+    }
+    if (in.gcount() != 0) {
+      throw InputError(
+          fmt::format("{}: {} trailing bytes; expected whole uint64 offsets (a truncated file?)", docs, in.gcount()));
+    }
+    if (offsets.size() < 2 || offsets.front() != 0 || offsets.back() != static_cast<uint64_t>(tokens_)) {
+      throw InputError(
+          fmt::format("{}: does not match {}: expected offsets from 0 up to its {} tokens, got {} offset(s){}", docs,
+                      path_, tokens_, offsets.size(),
+                      offsets.empty() ? "" : fmt::format(" from {} to {}", offsets.front(), offsets.back())));
+    }
+    const int64_t capacity = seq_len_ + 1;
+    int64_t short_documents = 0, split = 0;
+    for (size_t d = 0; d + 1 < offsets.size(); ++d) {
+      if (offsets[d + 1] < offsets[d] || offsets[d + 1] > static_cast<uint64_t>(tokens_)) {
+        throw InputError(
+            fmt::format("{}: document {} ends at offset {}, before its start {} or beyond the {} tokens "
+                        "of {}; expected ascending offsets",
+                        docs, d, offsets[d + 1], offsets[d], tokens_, path_));
+      }
+      const int64_t first = static_cast<int64_t>(offsets[d]);
+      const int64_t count = static_cast<int64_t>(offsets[d + 1] - offsets[d]);
+      if (count < 2) {  // nothing to predict
+        ++short_documents;
+        continue;
+      }
+      if (count <= capacity) {
+        spans_.push_back(Span{first, count});
+        continue;
+      }
+      if (policy == LongDocuments::Refuse) {
+        throw InputError(
+            fmt::format("{}: document {} (tokens {}..{} of {}) has {} tokens, more than a window of "
+                        "seq_len + 1 = {} holds (dataset.long_documents = \"refuse\"; \"split\" or "
+                        "\"truncate\" would take it)",
+                        docs, d, first, first + count - 1, path_, count, capacity));
+      }
+      if (policy == LongDocuments::Truncate) {
+        spans_.push_back(Span{first, capacity});
+        continue;
+      }
+      ++split;  // pieces overlapping by one token, as fit_document cuts them
+      for (int64_t at = 0; at + 1 < count; at += capacity - 1) {
+        spans_.push_back(Span{first + at, std::min(capacity, count - at)});
+      }
+    }
+    if (spans_.empty()) throw InputError(fmt::format("{}: no document of two tokens or more", docs));
+    std::vector<int64_t> lengths;
+    for (const Span& span : spans_) lengths.push_back(span.count);
+    windows_ = pack_documents(lengths, capacity);
+    log::info(fmt::format(
+        "{}: {} documents{}{} packed into {} windows of seq_len = {} ({:.2f} per window)", path_, offsets.size() - 1,
+        split > 0 ? fmt::format(" ({} split into pieces)", split) : std::string(),
+        short_documents > 0 ? fmt::format(" ({} of fewer than 2 tokens left out)", short_documents) : std::string(),
+        windows_.size(), seq_len_, static_cast<double>(spans_.size()) / static_cast<double>(windows_.size())));
+  }
+
+  Sample packed_window(int64_t index) const {
+    std::vector<Sample> documents;
+    std::vector<int64_t> ids;
+    for (const int64_t d : windows_.at(static_cast<size_t>(index))) {
+      const Span& span = spans_[static_cast<size_t>(d)];
+      read_ids(span.first, span.count, ids);
+      Sample document;
+      document.tokens.assign(ids.begin(), ids.end());
+      document.target.assign(ids.size(), 1);
+      documents.push_back(std::move(document));
+    }
+    std::vector<const Sample*> pointers;
+    for (const Sample& document : documents) pointers.push_back(&document);
+    return concatenate_documents(pointers);  // no document's first token is a target
+  }
+
   std::string path_;
   int64_t seq_len_, vocab_size_;
   size_t width_;
-  bool shuffle_;
+  bool shuffle_, pack_;
   int fd_ = -1;
   int64_t tokens_ = 0;
+  std::vector<Span> spans_;                    // pack: documents (and pieces) of at most seq_len + 1 tokens
+  std::vector<std::vector<int64_t>> windows_;  // pack: the spans_ each window holds
 };
 
 constexpr KeySpec kKeys[] = {
@@ -134,6 +246,13 @@ constexpr KeySpec kKeys[] = {
     // Sample ids are int32: ids up to 2^31 - 1.
     {"vocab_size", ValueType::Int, nullptr, "every token id must be below this", 1, 2147483648.0},
     {"shuffle", ValueType::Bool, "true", "false: step t takes windows t*G .. (t+1)*G - 1 in file order"},
+    {"pack", ValueType::Bool, "false",
+     "windows of whole documents (the .docs offsets; best fit in file order), each with its own positions and "
+     "attention; false: windows cut from the stream"},
+    {"docs", ValueType::String, "''", "the document offsets for pack ('': path + '.docs', as trainer tokenize writes)"},
+    {"long_documents", ValueType::String, "'split'",
+     "pack: a document of more than seq_len + 1 tokens is split into overlapping pieces, truncated, or refused",
+     -kNoLimit, kNoLimit, "split|truncate|refuse"},
 };
 
 }  // namespace

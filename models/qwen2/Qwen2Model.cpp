@@ -128,16 +128,21 @@ class Qwen2Model final : public Model {
   LossSum forward(const Batch& batch) override {
     const int64_t rows = batch.input_ids.numel();
     // The head and the loss in one op: no full logits, the loss *sum*.
-    const Tensor loss_sum = run(batch.input_ids, [&](const Tensor& x) {
-      return ops::linear_cross_entropy_sum(x.reshape({rows, config_.hidden_size}), lm_head_,
-                                           batch.labels.reshape({rows}), /*chunk_rows=*/0, batch.target_tokens);
-    });
+    const Tensor loss_sum =
+        run(batch.input_ids, Documents{batch.position_ids, batch.document_ids}, [&](const Tensor& x) {
+          return ops::linear_cross_entropy_sum(x.reshape({rows, config_.hidden_size}), lm_head_,
+                                               batch.labels.reshape({rows}), /*chunk_rows=*/0, batch.target_tokens);
+        });
     return LossSum{loss_sum, batch.target_tokens};
   }
 
   Tensor logits(const Tensor& input_ids) override {
-    return run(input_ids, [&](const Tensor& x) { return torch::linear(x, lm_head_); });
+    return run(input_ids, Documents{}, [&](const Tensor& x) { return torch::linear(x, lm_head_); });
   }
+
+  // Packed documents: positions from each document's start (RoPE) and
+  // attention within a document.
+  bool separates_documents() const override { return true; }
 
   // Per input token: 6 N for the blocks' matrices (the embedding is a
   // lookup; norms and biases left out) plus attention's 12 L H T (PaLM,
@@ -190,16 +195,29 @@ class Qwen2Model final : public Model {
   // Embedding, blocks, final norm, then `head` on the normed hidden states.
   // Units: the embedding, each block, the head. Tied embeddings put the head
   // into the embedding's unit, which then stays entered until the end.
-  Tensor run(const Tensor& input_ids, const std::function<Tensor(const Tensor&)>& head) {
+  // Batch::position_ids and document_ids; both undefined for unpacked rows.
+  struct Documents {
+    Tensor positions, ids;
+  };
+
+  Tensor run(const Tensor& input_ids, const Documents& documents, const std::function<Tensor(const Tensor&)>& head) {
     const Config& c = config_;
     const bool tied = c.tie_word_embeddings;
     enter_unit(0);
     Tensor x = torch::embedding(embed_, input_ids);
     if (!tied) x = leave_unit(0, x);
-    const ops::RotaryTables& tables = rotary_tables(input_ids.size(1), x);
+    // Packed rows: the rows of each token's own position (the tables then
+    // cover seq_len positions, the most a document can have). Captured by
+    // value: activation checkpointing runs the blocks again in backward.
+    const ops::RotaryTables tables = documents.positions.defined()
+                                         ? rotary_tables(input_ids.size(1), x).at_positions(documents.positions)
+                                         : rotary_tables(input_ids.size(1), x);
+    const Tensor document_ids = documents.ids;
     for (size_t i = 0; i < layers_.size(); ++i) {
       enter_unit(i + 1);
-      auto step = [this, i, &tables](const Tensor& input) { return block(layers_[i], tables, input); };
+      auto step = [this, i, tables, document_ids](const Tensor& input) {
+        return block(layers_[i], tables, document_ids, input);
+      };
       x = checkpointing_ ? ops::recompute(step, x) : step(x);
       x = leave_unit(i + 1, x);
     }
@@ -215,7 +233,7 @@ class Qwen2Model final : public Model {
   // backward but recomputed from their inputs (linear_of), which are kept
   // anyway: per token and layer that saves 2 hidden + 1 intermediate width
   // of activations for three elementwise passes.
-  Tensor block(const Layer& l, const ops::RotaryTables& tables, const Tensor& x) const {
+  Tensor block(const Layer& l, const ops::RotaryTables& tables, const Tensor& document_ids, const Tensor& x) const {
     const Config& c = config_;
     const int64_t b = x.size(0), t = x.size(1);
     const double eps = c.rms_norm_eps;
@@ -227,10 +245,10 @@ class Qwen2Model final : public Model {
         c.attention_bias ? std::vector<Tensor>{l.q_bias, l.k_bias, l.v_bias} : std::vector<Tensor>{};
     const Tensor qkv = ops::linear_of(norm, x, {l.input_norm}, {l.q_weight, l.k_weight, l.v_weight}, qkv_biases);
     const ops::QkvHeads heads = ops::split_qkv_rotary(qkv, c.num_heads, c.num_kv_heads, tables);
-    const Tensor attention =
-        ops::causal_attention(heads.q.transpose(1, 2), heads.k.transpose(1, 2), heads.v.transpose(1, 2))
-            .transpose(1, 2)
-            .reshape({b, t, c.hidden_size});
+    const Tensor attention = ops::document_causal_attention(heads.q.transpose(1, 2), heads.k.transpose(1, 2),
+                                                            heads.v.transpose(1, 2), document_ids)
+                                 .transpose(1, 2)
+                                 .reshape({b, t, c.hidden_size});
     const Tensor y = x + ops::linear(attention, {l.o_weight});
     const Tensor gate_up = ops::linear_of(norm, y, {l.post_attention_norm}, {l.gate_weight, l.up_weight});
     return y + ops::linear_of(swiglu, gate_up, {}, {l.down_weight});

@@ -301,6 +301,51 @@ TEST(GpuTraining, CudaMatchesCpuAndAccumulationSplits) {
   }
 }
 
+// Packed records on CUDA (the document mask through SDPA, per-token RoPE
+// rows through the kernel) train as on the CPU, and alike across splits.
+TEST(GpuTraining, PackedRecordsOnCudaMatchTheCpuAndSplits) {
+  REQUIRE_CUDA();
+  const std::string dir = scratch_dir("GpuPacked");
+  std::string records;
+  torch::manual_seed(9);
+  for (int r = 0; r < 64; ++r) {  // ragged: 2 to 40 tokens, a third of them prompt
+    const int64_t length = torch::randint(2, 41, {1}).item<int64_t>();
+    const torch::Tensor ids = torch::randint(0, 250, {length});
+    std::string prompt, completion;
+    for (int64_t i = 0; i < length; ++i) {
+      std::string& part = i < std::max<int64_t>(1, length / 3) ? prompt : completion;
+      part += (part.empty() ? "" : ", ") + std::to_string(ids[i].item<int64_t>());
+    }
+    records += "{\"prompt_ids\": [" + prompt + "], \"completion_ids\": [" + completion + "]}\n";
+  }
+  const std::string recipe =
+      write_file(dir + "/packed.toml",
+                 "[model]\nname = 'qwen2'\nvocab_size = 256\nhidden_size = 64\nintermediate_size = 128\n"
+                 "num_hidden_layers = 2\nnum_attention_heads = 4\nnum_key_value_heads = 2\n"
+                 "[dataset]\nname = 'jsonl'\npath = '" +
+                     write_file(dir + "/records.jsonl", records) +
+                     "'\nvocab_size = 256\nseq_len = 64\npack = true\n[training]\nsteps = 20\nmicro_batch_size = 4\n"
+                     "grad_accum_steps = 1\n");
+  const auto run = [&](const std::string& name, const std::string& overrides) {
+    const std::string out = dir + "/" + name;
+    const auto result = trainer("run " + recipe + " --set run.output_dir=" + out + " " + overrides);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    return column(read_metrics(out + "/metrics.jsonl"), "loss");
+  };
+  const std::vector<double> cpu = run("cpu", "");
+  const std::vector<double> cuda = run("cuda", "--set run.device=cuda");
+  const std::vector<double> split =
+      run("split", "--set run.device=cuda --set training.micro_batch_size=1 --set training.grad_accum_steps=4");
+  ASSERT_EQ(cpu.size(), 20u);
+  ASSERT_EQ(cuda.size(), 20u);
+  ASSERT_EQ(split.size(), 20u);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    // As CudaMatchesCpuAndAccumulationSplits: other kernels, other roundings.
+    EXPECT_LE(std::abs(cuda[i] - cpu[i]), 1e-3 * cpu[i]) << "step " << i + 1;
+    EXPECT_LE(std::abs(split[i] - cuda[i]), 1e-5 * cuda[i]) << "step " << i + 1;
+  }
+}
+
 // The seed scenario in bf16 on the GPU: micro-batch 2 x 4 accumulation steps
 // against 8 x 1, for every strategy, and each against ddp.
 TEST(GpuTraining, SeedScenarioInBf16AgreesAcrossSplitsAndStrategies) {

@@ -12,6 +12,7 @@
 #include "reproducible/ExactGradients.h"
 #include "trainer/Comm.h"
 #include "trainer/Model.h"
+#include "trainer/ops/Attention.h"
 #include "trainer/ops/Linear.h"
 #include "trainer/ops/LinearCrossEntropy.h"
 #include "trainer/ops/RmsNorm.h"
@@ -78,6 +79,45 @@ TEST(OpsGpu, SplitQkvRotaryKernelMatchesTheCpuPath) {
       const auto tables = ops::RotaryTables::make(t, d, 1e6, dtype, x.device());
       const ops::QkvHeads out = ops::split_qkv_rotary(x.narrow(-1, 8, (heads + 2 * kv) * d), heads, kv, tables);
       return std::vector<torch::Tensor>{out.q, out.k, out.v};
+    });
+  }
+}
+
+// Packed documents: per-token tables (positions restarting at each
+// document) through the kernel, which indexes them by token.
+TEST(OpsGpu, PerTokenRotaryKernelMatchesTheCpuPath) {
+  REQUIRE_CUDA();
+  torch::manual_seed(2);
+  const int64_t b = 2, t = 33, heads = 6, kv = 2, d = 64;
+  const torch::Tensor positions =
+      torch::cat({torch::arange(20), torch::arange(13), torch::arange(5), torch::arange(28)}).view({b, t});
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    compare_paths("split_qkv_rotary per token", torch::randn({b, t, (heads + 2 * kv) * d}), dtype,
+                  [&](const torch::Tensor& x) {
+                    const auto tables =
+                        ops::RotaryTables::make(t, d, 1e6, dtype, x.device()).at_positions(positions.to(x.device()));
+                    const ops::QkvHeads out = ops::split_qkv_rotary(x, heads, kv, tables);
+                    return std::vector<torch::Tensor>{out.q, out.k, out.v};
+                  });
+  }
+}
+
+// Attention within documents: SDPA with the document mask on CUDA against
+// the CPU path, values and the gradient of q (k and v through the same
+// kernel).
+TEST(OpsGpu, DocumentAttentionMatchesTheCpuPath) {
+  REQUIRE_CUDA();
+  torch::manual_seed(3);
+  const int64_t b = 2, heads = 4, kv = 2, t = 40, d = 64;
+  const torch::Tensor documents =
+      torch::cat({torch::full({17}, 0), torch::full({20}, 1), torch::full({3}, 2), torch::full({40}, 0)})
+          .view({b, t})
+          .to(torch::kInt64);
+  const torch::Tensor k = torch::randn({b, kv, t, d}), v = torch::randn({b, kv, t, d});
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    compare_paths("document_causal_attention", torch::randn({b, heads, t, d}), dtype, [&](const torch::Tensor& q) {
+      return std::vector<torch::Tensor>{ops::document_causal_attention(
+          q, k.to(q.device(), dtype), v.to(q.device(), dtype), documents.to(q.device()))};
     });
   }
 }

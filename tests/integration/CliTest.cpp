@@ -92,8 +92,8 @@ TEST(Cli, CsvLoggerWritesTheJsonlColumnsAndSurvivesResume) {
   std::string line;
   std::getline(csv, line);
   EXPECT_EQ(line,
-            "step,loss,grad_norm,lr,target_tokens,samples,input_tokens,step_seconds,skipped,tokens_per_second,mfu,"
-            "mfu_datasheet,data_seconds,memory_allocated_bytes,memory_reserved_bytes,rss_bytes");
+            "step,loss,grad_norm,lr,target_tokens,samples,input_tokens,documents,pad_fraction,step_seconds,skipped,"
+            "tokens_per_second,mfu,mfu_datasheet,data_seconds,memory_allocated_bytes,memory_reserved_bytes,rss_bytes");
   const std::vector<MetricsRow> records = read_metrics(dir + "/run/metrics.jsonl");
   ASSERT_EQ(records.size(), 6u);
   size_t row = 0;
@@ -101,8 +101,9 @@ TEST(Cli, CsvLoggerWritesTheJsonlColumnsAndSurvivesResume) {
     ASSERT_LT(row, records.size()) << line;
     std::istringstream fields(line);
     std::string field;
-    for (const char* key : {"step", "loss", "grad_norm", "lr", "target_tokens", "samples", "input_tokens",
-                            "step_seconds", "skipped", "tokens_per_second", "mfu", "mfu_datasheet", "data_seconds"}) {
+    for (const char* key :
+         {"step", "loss", "grad_norm", "lr", "target_tokens", "samples", "input_tokens", "documents", "pad_fraction",
+          "step_seconds", "skipped", "tokens_per_second", "mfu", "mfu_datasheet", "data_seconds"}) {
       std::getline(fields, field, ',');
       const double value = records[row].at(key);
       if (std::isnan(value))
@@ -440,6 +441,15 @@ TEST(Cli, TokenizeWritesTheTokensFileAndItsDocumentOffsets) {
     std::vector<uint64_t> got(docs.size() / 8);
     std::memcpy(got.data(), docs.data(), got.size() * 8);
     EXPECT_EQ(got, offsets);
+    // The length distribution: 700 documents of each of three lengths, so
+    // the median is the middle length and p90 and p99 the longest.
+    std::vector<size_t> lengths;
+    for (const std::string& text : texts) lengths.push_back(tokenizer->encode(text).size() + 1);
+    std::sort(lengths.begin(), lengths.end());
+    const std::string distribution = "document lengths in tokens: min " + std::to_string(lengths[0]) + ", median " +
+                                     std::to_string(lengths[1]) + ", p90 " + std::to_string(lengths[2]) + ", p99 " +
+                                     std::to_string(lengths[2]) + ", max " + std::to_string(lengths[2]);
+    EXPECT_TRUE(contains(run, distribution)) << distribution << "\n" << run.output;
   }
   // A bad line: exit 2 naming file and line, the earlier output untouched.
   write_file(dir + "/bad.jsonl", corpus + "{\"txt\": \"no text field\"}\n");

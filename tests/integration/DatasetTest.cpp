@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <tuple>
 
 #include <filesystem>
 
@@ -163,6 +164,143 @@ TEST(Datasets, TokensWindowsAndBadFiles) {
   EXPECT_EQ(truncated.exit_code, 2) << truncated.output;
   EXPECT_NE(truncated.output.find("tokens.bin: 401 bytes is not a whole number of uint16 tokens"), std::string::npos)
       << truncated.output;
+}
+
+// Eight pre-tokenised records of 5, 4, 3, 6, 2, 7, 3 and 2 tokens (prompt
+// then completion), packed into windows of seq_len + 1 = 9 tokens. Best
+// fit, worked by hand: {5, 4}, {3, 6}, {2, 7}, {3, 2}; 8 + 8 + 8 + 4 of the
+// 4 x 8 input positions used, so padding is 4 / 32 of each step's four
+// windows (file order).
+const char* const kRaggedRecords =
+    "{\"prompt_ids\": [1, 2], \"completion_ids\": [3, 4, 5]}\n"
+    "{\"prompt_ids\": [6], \"completion_ids\": [7, 8, 9]}\n"
+    "{\"prompt_ids\": [10], \"completion_ids\": [11, 12]}\n"
+    "{\"prompt_ids\": [1, 3, 5], \"completion_ids\": [7, 9, 11]}\n"
+    "{\"prompt_ids\": [2], \"completion_ids\": [4]}\n"
+    "{\"prompt_ids\": [6, 8], \"completion_ids\": [10, 12, 14, 1, 3]}\n"
+    "{\"prompt_ids\": [5, 5], \"completion_ids\": [6]}\n"
+    "{\"prompt_ids\": [9], \"completion_ids\": [13]}\n";
+constexpr int64_t kRaggedCompletionTokens = 3 + 3 + 2 + 3 + 1 + 5 + 1 + 1;
+
+// Packed records train alike at every split of the global batch (sums in
+// other orders: 1e-5, the invariance tests' tolerance) and bit for bit in
+// reproducible mode; every step counts all completion tokens (no target
+// lost or added at a boundary), eight documents and the padding worked out
+// above.
+TEST(Datasets, PackedRecordsTrainAlikeAtEverySplitAndCountTheirPadding) {
+  const std::string dir = scratch_dir("Packed");
+  write_file(dir + "/ragged.jsonl", kRaggedRecords);
+  const std::string dataset =
+      "name = 'jsonl'\npath = '" + dir + "/ragged.jsonl'\nvocab_size = 16\nseq_len = 8\nshuffle = false\npack = true\n";
+  const std::string file = recipe(dir, dataset, 16);
+  std::string dirs, reproducible_hash;
+  for (const auto& [micro, accum, world] :
+       std::vector<std::tuple<int, int, int>>{{4, 1, 1}, {1, 4, 1}, {2, 1, 2}, {1, 2, 2}}) {
+    const std::string split = std::to_string(micro) + "x" + std::to_string(accum) + "x" + std::to_string(world);
+    const std::string args = " --set training.steps=3 --set training.micro_batch_size=" + std::to_string(micro) +
+                             " --set training.grad_accum_steps=" + std::to_string(accum) + " --nproc " +
+                             std::to_string(world);
+    const std::string out = dir + "/run_" + split;
+    const auto result = trainer("run " + file + args + " --set run.output_dir=" + out);
+    ASSERT_EQ(result.exit_code, 0) << split << "\n" << result.output;
+    dirs += " " + out;
+    for (const MetricsRow& row : read_metrics(out + "/metrics.jsonl")) {
+      EXPECT_EQ(row.at("target_tokens"), kRaggedCompletionTokens) << split;
+      EXPECT_EQ(row.at("documents"), 8) << split;
+      EXPECT_EQ(row.at("input_tokens"), 28) << split;
+      EXPECT_DOUBLE_EQ(row.at("pad_fraction"), 4.0 / 32.0) << split;
+    }
+    if (micro == 1) {  // two splits in reproducible mode: one weight hash
+      const std::string exact = dir + "/exact_" + split;
+      const auto run =
+          trainer("run " + file + args + " --set training.reproducible=true --set run.output_dir=" + exact);
+      ASSERT_EQ(run.exit_code, 0) << split << "\n" << run.output;
+      const std::string hash =
+          Json::parse(read_file(exact + "/summary.json")).at("parameters_xxh3_128").get<std::string>();
+      if (reproducible_hash.empty()) reproducible_hash = hash;
+      EXPECT_EQ(hash, reproducible_hash) << split;
+    }
+  }
+  const auto compared = trainer("compare --rtol 1e-5" + dirs);
+  EXPECT_EQ(compared.exit_code, 0) << compared.output;
+  EXPECT_NE(compared.output.find("all agree"), std::string::npos) << compared.output;
+}
+
+// Bad packing input: a record longer than a window under
+// long_documents = "refuse" (file and line), and a model that cannot keep
+// documents apart (the key).
+TEST(Datasets, PackingRefusesLongRecordsAndModelsWithoutDocuments) {
+  const std::string dir = scratch_dir("PackedRefused");
+  write_file(dir + "/long.jsonl",
+             "{\"prompt_ids\": [1, 2], \"completion_ids\": [3]}\n"
+             "{\"prompt_ids\": [1, 2, 3, 4, 5, 6], \"completion_ids\": [7, 8, 9, 10, 11, 12]}\n");
+  const std::string dataset =
+      "name = 'jsonl'\npath = '" + dir + "/long.jsonl'\nvocab_size = 16\nseq_len = 8\npack = true\n";
+  const auto refused = trainer("run " + recipe(dir, dataset + "long_documents = 'refuse'\n", 16));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("long.jsonl:2: 12 tokens, more than a window of seq_len + 1 = 9 holds"),
+            std::string::npos)
+      << refused.output;
+  EXPECT_EQ(trainer("run " + recipe(dir, dataset + "long_documents = 'split'\n", 16)).exit_code, 0);
+  const std::string other_model = write_file(
+      dir + "/skip.toml", "[run]\noutput_dir = '" + dir + "/skip'\n[model]\nname = '" +
+                              std::string(TRAINER_FIXTURE_DIR) + "/models/trainer-model-skip-layer.so'\n[dataset]\n" +
+                              dataset + "[training]\nsteps = 1\nmicro_batch_size = 1\n");
+  const auto unmasked = trainer("run " + other_model);
+  EXPECT_EQ(unmasked.exit_code, 2) << unmasked.output;
+  EXPECT_NE(unmasked.output.find("pack"), std::string::npos) << unmasked.output;
+  EXPECT_NE(unmasked.output.find("does not keep packed documents apart"), std::string::npos) << unmasked.output;
+}
+
+void write_uint64s(const std::string& path, const std::vector<uint64_t>& values) {
+  std::ofstream out(path, std::ios::binary);
+  for (uint64_t value : values) {
+    for (int b = 0; b < 8; ++b) out.put(static_cast<char>(value >> (8 * b) & 0xff));
+  }
+}
+
+// The tokens dataset packs the documents its .docs offsets name; offsets
+// that do not match the token file, out of order, or a document too long
+// under "refuse" stop the run naming the file and the document.
+TEST(Datasets, PackedTokensFollowTheirDocumentOffsets) {
+  const std::string dir = scratch_dir("PackedTokens");
+  {
+    std::ofstream out(dir + "/tokens.bin", std::ios::binary);
+    for (uint16_t i = 0; i < 60; ++i) {
+      const uint16_t id = static_cast<uint16_t>(i * 7 % 50);
+      out.write(reinterpret_cast<const char*>(&id), 2);
+    }
+  }
+  // Documents of 10, 5, 20, 7, 18 tokens; windows of 17: the 20 is split
+  // into pieces of 17 and 4 (overlapping by one), the 18 into 17 and 2.
+  write_uint64s(dir + "/tokens.bin.docs", {0, 10, 15, 35, 42, 60});
+  const std::string dataset = "name = 'tokens'\npath = '" + dir +
+                              "/tokens.bin'\nseq_len = 16\nvocab_size = 50\n"
+                              "shuffle = false\npack = true\n";
+  const auto ok = trainer("run " + recipe(dir, dataset, 50) + " --set training.steps=1");
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  // Every token but each document's first is a target once: 60 - 5 over
+  // however many steps; the first step's two windows hold part of them.
+  EXPECT_NE(ok.output.find("5 documents (2 split into pieces) packed into"), std::string::npos) << ok.output;
+  const auto refused = trainer("run " + recipe(dir, dataset + "long_documents = 'refuse'\n", 50));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("tokens.bin.docs: document 2 (tokens 15..34 of"), std::string::npos) << refused.output;
+  write_uint64s(dir + "/tokens.bin.docs", {0, 10, 15, 35, 42, 59});
+  const auto short_docs = trainer("run " + recipe(dir, dataset, 50));
+  EXPECT_EQ(short_docs.exit_code, 2) << short_docs.output;
+  EXPECT_NE(short_docs.output.find("tokens.bin.docs: does not match " + dir + "/tokens.bin"), std::string::npos)
+      << short_docs.output;
+  write_uint64s(dir + "/tokens.bin.docs", {0, 10, 5, 35, 42, 60});
+  const auto disordered = trainer("run " + recipe(dir, dataset, 50));
+  EXPECT_EQ(disordered.exit_code, 2) << disordered.output;
+  EXPECT_NE(disordered.output.find("tokens.bin.docs: document 1 ends at offset 5, before its start 10"),
+            std::string::npos)
+      << disordered.output;
+  std::filesystem::remove(dir + "/tokens.bin.docs");
+  const auto missing = trainer("run " + recipe(dir, dataset, 50));
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("tokens.bin.docs: cannot open the document offsets"), std::string::npos)
+      << missing.output;
 }
 
 }  // namespace

@@ -2,12 +2,14 @@
 // composite forms in fp64: values and gradients. The CUDA kernels are held
 // to these CPU paths in tests/gpu/OpsGpuTest.cpp.
 #include <cmath>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
 #include <torch/autograd.h>
 
 #include "trainer/Model.h"
+#include "trainer/ops/Attention.h"
 #include "trainer/ops/Linear.h"
 #include "trainer/ops/LinearCrossEntropy.h"
 #include "trainer/ops/Recompute.h"
@@ -201,6 +203,59 @@ TEST(Ops, SplitQkvRotaryMatchesHuggingFacesRotateHalf) {
   EXPECT_LT(relative_error(out.q, hf_rotary(q, 10000.0)), kFp64);
   EXPECT_LT(relative_error(out.k, hf_rotary(k, 10000.0)), kFp64);
   EXPECT_TRUE(torch::equal(out.v, v));
+}
+
+// Packed documents: per-token tables at each token's own position rotate
+// every document as if it started the sequence (Hugging Face's rotation of
+// the document alone, positions from 0).
+TEST(Ops, PerTokenRotaryTablesRestartPositionsAtEachDocument) {
+  torch::manual_seed(4);
+  const int64_t b = 2, t = 7, heads = 4, kv = 2, d = 6;
+  const torch::Tensor qkv = torch::randn({b, t, (heads + 2 * kv) * d}, kF64);
+  const torch::Tensor positions = torch::tensor({0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6}, torch::kInt64).view({b, t});
+  const auto tables = ops::RotaryTables::make(t, d, 10000.0, torch::kFloat64, torch::kCPU).at_positions(positions);
+  const ops::QkvHeads out = ops::split_qkv_rotary(qkv, heads, kv, tables);
+  const torch::Tensor q = qkv.narrow(-1, 0, heads * d).reshape({b, t, heads, d});
+  const torch::Tensor k = qkv.narrow(-1, heads * d, kv * d).reshape({b, t, kv, d});
+  const auto part = [](const torch::Tensor& x, int64_t row, int64_t first, int64_t count) {
+    return x.narrow(0, row, 1).narrow(1, first, count);
+  };
+  for (const auto& [row, first, count] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{0, 0, 3}, {0, 3, 4}, {1, 0, 7}}) {
+    EXPECT_LT(relative_error(part(out.q, row, first, count), hf_rotary(part(q, row, first, count), 10000.0)), kFp64);
+    EXPECT_LT(relative_error(part(out.k, row, first, count), hf_rotary(part(k, row, first, count), 10000.0)), kFp64);
+  }
+}
+
+// Attention within documents against softmax attention written out per
+// document in fp64 (each document's causal attention over its own keys,
+// grouped k/v heads repeated).
+TEST(Ops, DocumentAttentionIsCausalAttentionWithinEachDocument) {
+  torch::manual_seed(5);
+  const int64_t b = 2, heads = 4, kv = 2, t = 10, d = 8;
+  const torch::Tensor q = torch::randn({b, heads, t, d}, kF64);
+  const torch::Tensor k = torch::randn({b, kv, t, d}, kF64), v = torch::randn({b, kv, t, d}, kF64);
+  const torch::Tensor documents =
+      torch::tensor({0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, torch::kInt64).view({b, t});
+  const torch::Tensor out = ops::document_causal_attention(q, k, v, documents);
+  const torch::Tensor expected = torch::zeros_like(out);
+  for (const auto& [row, first, count] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{0, 0, 3}, {0, 3, 4}, {0, 7, 3}, {1, 0, 10}}) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < count; ++i) {
+        const torch::Tensor query = q[row][h][first + i];
+        const torch::Tensor keys = k[row][h / (heads / kv)].narrow(0, first, i + 1);
+        const torch::Tensor values = v[row][h / (heads / kv)].narrow(0, first, i + 1);
+        const torch::Tensor weights = torch::softmax(torch::mv(keys, query) / std::sqrt(double(d)), 0);
+        expected[row][h][first + i].copy_(torch::mv(values.t(), weights));
+      }
+    }
+  }
+  EXPECT_LT(relative_error(out, expected), kFp64);
+  // Undefined document ids: causal attention over the whole row.
+  EXPECT_TRUE(
+      torch::allclose(ops::document_causal_attention(q, k, v, torch::Tensor()), ops::causal_attention(q, k, v)));
+  EXPECT_GT(relative_error(ops::causal_attention(q, k, v), expected), 1e-2) << "the documents matter here";
 }
 
 // Llama 3's rope scaling against the rule written out per frequency in

@@ -18,6 +18,7 @@ struct RunInfo {
   int64_t global_batch_size = 0;  ///< samples per optimizer step
   int64_t micro_batch_size = 0;
   int64_t grad_accum_steps = 0;
+  int64_t seq_len = 0;  ///< input positions per sample
   int world_size = 1;
   std::string strategy;
   int64_t parameters = 0;               ///< model parameter count
@@ -37,6 +38,8 @@ struct StepRecord {
   int64_t target_tokens = 0;  ///< N_t
   int64_t samples = 0;        ///< global batch size
   int64_t input_tokens = 0;   ///< non-padding input positions in the global batch
+  int64_t documents = 0;      ///< documents in the global batch: one per sample unless the dataset packs
+  double pad_fraction = 0.0;  ///< padding's share of the global batch's input positions (samples x seq_len)
   double step_seconds = 0.0;  ///< wall time of this step
   double elapsed_seconds = 0.0;
   bool skipped = false;            ///< no update applied (no target tokens, or non-finite gradient)

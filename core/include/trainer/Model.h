@@ -29,6 +29,13 @@ struct Batch {
   torch::Tensor input_ids;
   torch::Tensor labels;
   int64_t target_tokens = 0;  ///< labels != kIgnoreIndex
+  /// Packed samples only (undefined otherwise), [batch, seq] int64 like
+  /// input_ids: each input's position within its document (from 0), and
+  /// its document's number within the row (from 0; padding after the last
+  /// document has a number of its own). A model attends from one input to
+  /// another only within one document.
+  torch::Tensor position_ids;
+  torch::Tensor document_ids;
 };
 
 inline constexpr int64_t kIgnoreIndex = -100;
@@ -98,6 +105,11 @@ class Model : public Component {
     (void)seq_len;
     return {};
   }
+
+  /// true when forward() honours Batch::position_ids and document_ids
+  /// (attention within a document, positions from its start): a packing
+  /// dataset is refused with a model that does not.
+  virtual bool separates_documents() const { return false; }
 
   /// Installs (or, with nullptr, removes) the hooks; not owned.
   void set_unit_hooks(UnitHooks* hooks) { unit_hooks_ = hooks; }

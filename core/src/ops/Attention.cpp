@@ -42,4 +42,36 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
 #endif
 }
 
+torch::Tensor document_causal_mask(const torch::Tensor& document_ids) {
+  TORCH_CHECK(document_ids.dim() == 2, "document_causal_mask: document_ids must be [batch, seq]");
+  const int64_t seq = document_ids.size(1);
+  const torch::Tensor same = document_ids.unsqueeze(2).eq(document_ids.unsqueeze(1));
+  const torch::Tensor causal =
+      torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool).device(document_ids.device())).tril();
+  return same.logical_and(causal).unsqueeze(1);
+}
+
+torch::Tensor document_causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                        const torch::Tensor& document_ids) {
+  if (!document_ids.defined()) return causal_attention(q, k, v);
+  TORCH_CHECK(document_ids.size(0) == q.size(0) && document_ids.size(1) == q.size(2),
+              "document_causal_attention: document_ids ", document_ids.sizes(), " do not match q ", q.sizes());
+  // Grouped k/v heads repeated: of SDPA's CUDA kernels that take a mask,
+  // the memory-efficient one does not take grouped heads (only flash and
+  // math do, and math materialises the scores in fp32).
+  if (q.size(1) != k.size(1)) {
+    const int64_t groups = q.size(1) / k.size(1);
+    return document_causal_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), document_ids);
+  }
+  const torch::Tensor mask = document_causal_mask(document_ids);
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/false);
+#else
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * scale;
+  scores.masked_fill_(mask.logical_not(), -std::numeric_limits<double>::infinity());
+  return torch::matmul(torch::softmax(scores, -1), v);
+#endif
+}
+
 }  // namespace trainer::ops

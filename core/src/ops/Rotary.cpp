@@ -33,6 +33,15 @@ RotaryTables RotaryTables::make(int64_t seq, int64_t head_dim, double theta, tor
   return RotaryTables{angles.cos().contiguous(), angles.sin().contiguous()};
 }
 
+RotaryTables RotaryTables::at_positions(const torch::Tensor& position_ids) const {
+  TORCH_CHECK(!per_token, "RotaryTables::at_positions: the tables are per token already");
+  TORCH_CHECK(position_ids.dim() == 2, "RotaryTables::at_positions: position_ids must be [batch, seq]");
+  const torch::Tensor rows = position_ids.reshape({-1}).to(cos.device(), torch::kInt64);
+  RotaryTables tables{cos.index_select(0, rows), sin.index_select(0, rows)};
+  tables.per_token = true;
+  return tables;
+}
+
 namespace {
 
 struct Shape {
@@ -51,13 +60,20 @@ Shape shape_of(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads) {
 
 // The tables suit qkv: [>= seq, head_dim / 2] each, of the dtype the
 // arithmetic runs in (fp64 for fp64 inputs, fp32 otherwise), on qkv's device.
+// The rows the tables repeat with: positions (every sequence from 0) or
+// every token of the batch (per-token tables).
+int64_t table_period(const Shape& s, const RotaryTables& tables) { return tables.per_token ? s.batch * s.seq : s.seq; }
+
 void check_tables(const torch::Tensor& qkv, const Shape& s, const RotaryTables& tables) {
   const torch::Dtype want = qkv.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const int64_t rows = table_period(s, tables);
   for (const auto& [name, table] :
        {std::pair<const char*, const torch::Tensor&>{"cos", tables.cos}, {"sin", tables.sin}}) {
     TORCH_CHECK(table.defined(), "split_qkv_rotary: the ", name, " table is undefined");
-    TORCH_CHECK(table.dim() == 2 && table.size(0) >= s.seq && table.size(1) == s.head_dim / 2, "split_qkv_rotary: the ",
-                name, " table is ", table.sizes(), "; expected [at least ", s.seq, ", ", s.head_dim / 2, "]");
+    TORCH_CHECK(table.dim() == 2 && table.size(0) >= rows && table.size(1) == s.head_dim / 2 &&
+                    (!tables.per_token || table.size(0) == rows),
+                "split_qkv_rotary: the ", name, " table is ", table.sizes(), "; expected [",
+                tables.per_token ? "" : "at least ", rows, ", ", s.head_dim / 2, "]");
     TORCH_CHECK(table.scalar_type() == want, "split_qkv_rotary: the ", name, " table is ", table.scalar_type(),
                 "; expected ", want, " for ", qkv.scalar_type(), " inputs");
     TORCH_CHECK(table.device() == qkv.device(), "split_qkv_rotary: the ", name, " table is on ", table.device(),
@@ -70,8 +86,11 @@ void check_tables(const torch::Tensor& qkv, const Shape& s, const RotaryTables& 
 torch::Tensor rotate(const torch::Tensor& x, const RotaryTables& tables) {
   const int64_t half = x.size(-1) / 2;
   const torch::Tensor wide = x.to(accumulate_dtype(x));
-  const torch::Tensor cos = tables.cos.narrow(0, 0, x.size(1)).reshape({1, x.size(1), 1, half});
-  const torch::Tensor sin = tables.sin.narrow(0, 0, x.size(1)).reshape({1, x.size(1), 1, half});
+  const auto rows = [&](const torch::Tensor& table) {
+    return tables.per_token ? table.reshape({x.size(0), x.size(1), 1, half})
+                            : table.narrow(0, 0, x.size(1)).reshape({1, x.size(1), 1, half});
+  };
+  const torch::Tensor cos = rows(tables.cos), sin = rows(tables.sin);
   const torch::Tensor x1 = wide.narrow(-1, 0, half), x2 = wide.narrow(-1, half, half);
   return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1).to(x.scalar_type());
 }
@@ -81,8 +100,10 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 struct QkvRotaryFunction : torch::autograd::Function<QkvRotaryFunction> {
+  // `period`: the table rows the kernels index, token % period (the
+  // sequence length, or every token of the batch for per-token tables).
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& qkv_in, int64_t heads, int64_t kv_heads,
-                               const torch::Tensor& cos, const torch::Tensor& sin) {
+                               const torch::Tensor& cos, const torch::Tensor& sin, int64_t period) {
     const Shape s = shape_of(qkv_in, heads, kv_heads);
     // Rows must be evenly spaced with a contiguous last dimension (a view of
     // a wider projection output is); anything else is copied first.
@@ -94,7 +115,7 @@ struct QkvRotaryFunction : torch::autograd::Function<QkvRotaryFunction> {
     torch::Tensor v = torch::empty({s.batch, s.seq, kv_heads, s.head_dim}, options);
     const KernelLaunch launch("qkv_rotary_forward", {qkv, q, k, v, cos, sin});
     kernels::qkv_rotary_forward(kernel_dtype(qkv), qkv.data_ptr(), qkv.stride(1), q.data_ptr(), k.data_ptr(),
-                                v.data_ptr(), cos.data_ptr(), sin.data_ptr(), s.batch * s.seq, s.seq,
+                                v.data_ptr(), cos.data_ptr(), sin.data_ptr(), s.batch * s.seq, period,
                                 static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(s.head_dim),
                                 launch.stream());
     check_launch("qkv_rotary_forward");
@@ -103,6 +124,7 @@ struct QkvRotaryFunction : torch::autograd::Function<QkvRotaryFunction> {
     ctx->saved_data["cos"] = cos;
     ctx->saved_data["sin"] = sin;
     ctx->saved_data["width"] = qkv.size(2);
+    ctx->saved_data["period"] = period;
     return {q, k, v};
   }
 
@@ -118,10 +140,11 @@ struct QkvRotaryFunction : torch::autograd::Function<QkvRotaryFunction> {
     torch::Tensor dqkv = torch::empty({batch, seq, ctx->saved_data["width"].toInt()}, like.options());
     const KernelLaunch launch("qkv_rotary_backward", {dqkv, dq, dk, dv, cos, sin});
     kernels::qkv_rotary_backward(kernel_dtype(dqkv), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dqkv.data_ptr(),
-                                 cos.data_ptr(), sin.data_ptr(), batch * seq, seq, static_cast<int>(heads),
-                                 static_cast<int>(kv_heads), static_cast<int>(head_dim), launch.stream());
+                                 cos.data_ptr(), sin.data_ptr(), batch * seq, ctx->saved_data["period"].toInt(),
+                                 static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(head_dim),
+                                 launch.stream());
     check_launch("qkv_rotary_backward");
-    return {dqkv, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dqkv, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 #endif
@@ -143,10 +166,11 @@ QkvHeads split_qkv_rotary_reference(const torch::Tensor& qkv, int64_t heads, int
 QkvHeads split_qkv_rotary(const torch::Tensor& qkv, int64_t heads, int64_t kv_heads, const RotaryTables& tables) {
 #ifdef TRAINER_CUDA_KERNELS
   if (use_kernels(qkv)) {
-    check_tables(qkv, shape_of(qkv, heads, kv_heads), tables);
+    const Shape s = shape_of(qkv, heads, kv_heads);
+    check_tables(qkv, s, tables);
     // The kernels index the tables as dense rows.
-    const variable_list out =
-        QkvRotaryFunction::apply(qkv, heads, kv_heads, tables.cos.contiguous(), tables.sin.contiguous());
+    const variable_list out = QkvRotaryFunction::apply(qkv, heads, kv_heads, tables.cos.contiguous(),
+                                                       tables.sin.contiguous(), table_period(s, tables));
     return QkvHeads{out[0], out[1], out[2]};
   }
 #endif

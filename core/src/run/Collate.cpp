@@ -14,8 +14,11 @@ MicroBatch collate(const Dataset& dataset, const std::string& dataset_name, cons
   const int64_t rows = static_cast<int64_t>(indices.size());
   const int64_t seq = dataset.seq_len();
   const int64_t vocab = dataset.vocab_size();
+  const bool packs = dataset.packs_documents();
   torch::Tensor inputs = torch::zeros({rows, seq}, torch::kInt64);
   torch::Tensor labels = torch::full({rows, seq}, kIgnoreIndex, torch::kInt64);
+  torch::Tensor positions = packs ? torch::zeros({rows, seq}, torch::kInt64) : torch::Tensor();
+  torch::Tensor documents = packs ? torch::zeros({rows, seq}, torch::kInt64) : torch::Tensor();
   auto in = inputs.accessor<int64_t, 2>();
   auto out = labels.accessor<int64_t, 2>();
   MicroBatch micro;
@@ -34,19 +37,63 @@ MicroBatch collate(const Dataset& dataset, const std::string& dataset_name, cons
                                      dataset_name, indices[row], sample.tokens[i], i, vocab));
       }
     }
+    const std::vector<int64_t>& starts = sample.document_starts;
+    if (!starts.empty()) {
+      if (!packs) {
+        throw InputError(
+            fmt::format("dataset '{}' sample {}: {} documents in a sample of a dataset that does not "
+                        "pack (its packs_documents() is false)",
+                        dataset_name, indices[row], starts.size()));
+      }
+      for (size_t d = 0; d < starts.size(); ++d) {
+        const int64_t previous = d == 0 ? -1 : starts[d - 1];
+        if ((d == 0 && starts[0] != 0) || starts[d] <= previous || starts[d] >= n) {
+          throw InputError(
+              fmt::format("dataset '{}' sample {}: document {} starts at token {}; expected starts "
+                          "ascending from 0 and below the sample's {} tokens",
+                          dataset_name, indices[row], d, starts[d], n));
+        }
+      }
+    }
+    // Document d spans [starts[d], starts[d + 1]); the input at i predicts
+    // token i + 1 only inside one document.
+    size_t document = 0;
+    const auto starts_at = [&](int64_t i) { return document + 1 < starts.size() && starts[document + 1] == i; };
     for (int64_t i = 0; i + 1 < n; ++i) {
+      if (starts_at(i)) ++document;
       in[row][i] = sample.tokens[i];
-      if (sample.target[i + 1]) {
+      if (sample.target[i + 1] && !starts_at(i + 1)) {
         out[row][i] = sample.tokens[i + 1];
         ++micro.batch.target_tokens;
       }
     }
+    if (packs) {
+      auto position = positions.accessor<int64_t, 2>();
+      auto number = documents.accessor<int64_t, 2>();
+      document = 0;
+      int64_t document_start = 0;
+      for (int64_t i = 0; i < seq; ++i) {
+        if (i == n - 1) {  // padding: a document of its own
+          ++document;
+          document_start = i;
+        } else if (i < n - 1 && starts_at(i)) {
+          document_start = starts[++document];
+        }
+        position[row][i] = i - document_start;
+        number[row][i] = static_cast<int64_t>(document);
+      }
+    }
     micro.input_tokens += n - 1;
+    micro.documents += starts.empty() ? 1 : static_cast<int64_t>(starts.size());
   }
   // Pinned host memory lets the copies run asynchronously with the GPU's work.
   const bool pinned = device.is_cuda();
   micro.batch.input_ids = (pinned ? inputs.pin_memory() : inputs).to(device, /*non_blocking=*/pinned);
   micro.batch.labels = (pinned ? labels.pin_memory() : labels).to(device, /*non_blocking=*/pinned);
+  if (packs) {
+    micro.batch.position_ids = (pinned ? positions.pin_memory() : positions).to(device, /*non_blocking=*/pinned);
+    micro.batch.document_ids = (pinned ? documents.pin_memory() : documents).to(device, /*non_blocking=*/pinned);
+  }
   return micro;
 }
 

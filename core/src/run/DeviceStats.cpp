@@ -9,6 +9,7 @@
 #include <fstream>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -68,6 +69,14 @@ class CountingCpuAllocator final : public c10::Allocator {
     return allocator;
   }
   int64_t live() const { return live_.load(); }
+  int64_t peak() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return peak_;
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peak_ = live_.load();
+  }
 
  private:
   struct Held {
@@ -82,8 +91,9 @@ class CountingCpuAllocator final : public c10::Allocator {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       held_.emplace(data, Held{bytes, std::move(inner)});
+      live_ += static_cast<int64_t>(bytes);
+      peak_ = std::max(peak_, live_.load());
     }
-    live_ += static_cast<int64_t>(bytes);
     return c10::DataPtr(data, data, &release, device);
   }
 
@@ -104,6 +114,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   mutable std::mutex mutex_;
   mutable std::unordered_map<void*, Held> held_;
   mutable std::atomic<int64_t> live_{0};
+  mutable int64_t peak_ = 0;  // under mutex_
 };
 
 void count_cpu_allocations() {
@@ -126,12 +137,38 @@ int64_t live_bytes(const torch::Device& device) {
   return allocator ? allocator->live() : -1;
 }
 
+int64_t settled_live_bytes(const torch::Device& device) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point give_up = Clock::now() + std::chrono::seconds(2);
+  int64_t last = live_bytes(device);
+  int unchanged = 0;
+  while (unchanged < 20 && Clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const int64_t now = live_bytes(device);
+    unchanged = now == last ? unchanged + 1 : 0;
+    last = now;
+  }
+  return last;
+}
+
+int64_t peak_live_bytes(const torch::Device& device) {
+#ifdef TRAINER_CUDA_KERNELS
+  if (device.is_cuda()) {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(initialised_index(device)).allocated_bytes[0].peak;
+  }
+#endif
+  (void)device;
+  const CountingCpuAllocator* allocator = CountingCpuAllocator::instance();
+  return allocator ? allocator->peak() : -1;
+}
+
 void reset_memory_peaks(const torch::Device& device) {
 #ifdef TRAINER_CUDA_KERNELS
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(initialised_index(device));
-#else
-  (void)device;
 #endif
+  if (!device.is_cuda()) {
+    if (CountingCpuAllocator* allocator = CountingCpuAllocator::instance()) allocator->reset_peak();
+  }
 }
 
 MemoryPeaks memory_peaks(const torch::Device& device) {

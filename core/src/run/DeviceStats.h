@@ -25,7 +25,18 @@ void count_cpu_allocations();
 /// allocations (count_cpu_allocations(); -1 when not counting).
 int64_t live_bytes(const torch::Device& device);
 
-/// Starts a new peak window on `device` (CUDA); nothing on the CPU.
+/// live_bytes() once it has stopped falling: threads that finish a step's
+/// work (autograd's, a communication backend's) drop their last references
+/// a little after the step returns, later on a loaded machine. Read every
+/// 5 ms until unchanged for 100 ms, for at most 2 s.
+int64_t settled_live_bytes(const torch::Device& device);
+
+/// The most tensor bytes live at once on `device` since the last
+/// reset_memory_peaks: the CUDA caching allocator's allocated peak, or the
+/// counted CPU allocations' (-1 when not counting).
+int64_t peak_live_bytes(const torch::Device& device);
+
+/// Starts a new peak window on `device` (CUDA, and the counted CPU allocations).
 void reset_memory_peaks(const torch::Device& device);
 
 /// The peaks since the last reset on CUDA; the current resident set on the CPU.

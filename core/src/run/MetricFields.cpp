@@ -17,6 +17,8 @@ std::vector<MetricField> metric_fields(const StepRecord& r) {
       {"target_tokens", static_cast<double>(r.target_tokens), K::Integer},
       {"samples", static_cast<double>(r.samples), K::Integer},
       {"input_tokens", static_cast<double>(r.input_tokens), K::Integer},
+      {"documents", static_cast<double>(r.documents), K::Integer},
+      {"pad_fraction", r.pad_fraction, K::Real},
       {"step_seconds", r.step_seconds, K::Real},
       {"skipped", r.skipped ? 1.0 : 0.0, K::Bool},
       {"tokens_per_second", r.tokens_per_second, K::Real},

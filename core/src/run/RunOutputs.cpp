@@ -22,12 +22,13 @@ namespace fs = std::filesystem;
 void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, const fs::path& file, bool writer,
                          const MeasuredMemory& measured) {
   const MemoryReport mine = strategy.memory();
-  torch::Tensor local = torch::tensor({mine.parameter_bytes, mine.gradient_bytes, mine.optimizer_bytes,
-                                       mine.peak_gathered_parameter_bytes, mine.peak_transient_gradient_bytes,
-                                       measured.after_setup_bytes, measured.after_first_step_bytes},
-                                      torch::kInt64)
-                            .to(device);
-  constexpr int kFields = 7;
+  torch::Tensor local =
+      torch::tensor({mine.parameter_bytes, mine.gradient_bytes, mine.optimizer_bytes,
+                     mine.peak_gathered_parameter_bytes, mine.peak_transient_gradient_bytes, measured.after_setup_bytes,
+                     measured.after_first_step_bytes, measured.first_step_peak_bytes},
+                    torch::kInt64)
+          .to(device);
+  constexpr int kFields = 8;
   torch::Tensor all = torch::zeros({kFields * comm.world_size()}, local.options());
   comm.all_gather(local, all);
   if (!writer) return;
@@ -42,7 +43,8 @@ void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, c
                          {"peak_gathered_parameter_bytes", v(3)},
                          {"peak_transient_gradient_bytes", v(4)},
                          {"measured_after_setup_bytes", v(5)},
-                         {"measured_after_first_step_bytes", v(6)}});
+                         {"measured_after_first_step_bytes", v(6)},
+                         {"measured_first_step_peak_bytes", v(7)}});
   }
   write_file_atomically(file, ranks.dump(1) + "\n");
 }

@@ -15,11 +15,14 @@ namespace trainer {
 
 /// What the run measured of its tensor memory on its device (live_bytes
 /// above the level before the model was made), as opposed to what the
-/// strategy reports: after the strategy's setup, and after the first step
-/// (activations and transients freed again). -1: not measured.
+/// strategy reports: after the strategy's setup, after the first step
+/// (activations and transients freed again), and the most live at any
+/// moment of the first step (activations and transients included).
+/// -1: not measured.
 struct MeasuredMemory {
   int64_t after_setup_bytes = -1;
   int64_t after_first_step_bytes = -1;
+  int64_t first_step_peak_bytes = -1;
 };
 
 /// Every rank's MemoryReport and MeasuredMemory, gathered to rank 0 and

@@ -104,6 +104,12 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
     recipe.model.options.fail("vocab_size", fmt::format("at least the dataset's vocabulary size {}, got {}",
                                                         run.dataset->vocab_size(), run.model->vocab_size()));
   }
+  if (run.dataset->packs_documents() && !run.model->separates_documents()) {
+    recipe.dataset.options.fail(
+        "pack", fmt::format("false with model '{}': it does not keep packed documents apart (attention and positions "
+                            "per document: Model::separates_documents)",
+                            run.model_name));
+  }
   for (const NamedParameter& p : run.model->parameters()) run.parameter_count += p.tensor.numel();
 
   run.strategy->setup(*run.model, *run.comm, StrategyEnv{run.device, run.optimizer.get(), config.compute_dtype});
@@ -129,6 +135,7 @@ RunInfo describe_run(const RunConfig& config, const RunParts& run) {
   info.global_batch_size = config.shape.global_batch_size();
   info.micro_batch_size = config.shape.micro_batch_size;
   info.grad_accum_steps = config.shape.grad_accum_steps;
+  info.seq_len = run.dataset->seq_len();
   info.world_size = config.shape.world_size;
   info.strategy = run.strategy_name;
   info.parameters = run.parameter_count;

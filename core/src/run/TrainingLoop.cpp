@@ -130,6 +130,7 @@ struct StepOutcome {
   int64_t target_tokens = 0;
   int64_t samples = 0;
   int64_t input_tokens = 0;
+  int64_t documents = 0;
   bool skipped = false;
   double data_seconds = 0.0;
 };
@@ -182,17 +183,19 @@ StepOutcome optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const Upd
       collate_window(run, sampler.global_batch(step, shape.global_batch_size()));
   StepOutcome outcome;
   outcome.data_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  int64_t local_counts[2] = {0, 0};
+  int64_t local_counts[3] = {0, 0, 0};
   for (const MicroBatch& micro : micro_batches) {
     local_counts[0] += micro.batch.target_tokens;
     local_counts[1] += micro.input_tokens;
+    local_counts[2] += micro.documents;
   }
   // Counted on the host; only several ranks need a collective (and a sync).
   if (comm.world_size() > 1) {
-    torch::Tensor counts = torch::tensor({local_counts[0], local_counts[1]}, torch::kInt64).to(run.device);
+    torch::Tensor counts =
+        torch::tensor({local_counts[0], local_counts[1], local_counts[2]}, torch::kInt64).to(run.device);
     comm.all_reduce_sum(counts);
-    local_counts[0] = counts[0].item<int64_t>();
-    local_counts[1] = counts[1].item<int64_t>();
+    const torch::Tensor summed = counts.cpu();
+    for (int i = 0; i < 3; ++i) local_counts[i] = summed[i].item<int64_t>();
   }
   const int64_t target_tokens = local_counts[0];
 
@@ -201,6 +204,7 @@ StepOutcome optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const Upd
   outcome.target_tokens = target_tokens;
   outcome.samples = shape.global_batch_size();
   outcome.input_tokens = local_counts[1];
+  outcome.documents = local_counts[2];
   if (target_tokens == 0) {  // contract, point 7: skip, never divide by zero
     log::warn(fmt::format("step {}: the global batch has no target tokens; update skipped", step + 1));
     outcome.skipped = true;
@@ -250,6 +254,9 @@ StepRecord step_record(const StepOutcome& outcome, double step_seconds, double e
   record.target_tokens = outcome.target_tokens;
   record.samples = outcome.samples;
   record.input_tokens = outcome.input_tokens;
+  record.documents = outcome.documents;
+  const double positions = static_cast<double>(outcome.samples) * static_cast<double>(info.seq_len);
+  record.pad_fraction = positions > 0 ? 1.0 - static_cast<double>(outcome.input_tokens) / positions : 0.0;
   record.skipped = outcome.skipped;
   record.data_seconds = outcome.data_seconds;
   record.step_seconds = step_seconds;
@@ -349,9 +356,12 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
     const Clock::time_point step_start = Clock::now();
     reset_memory_peaks(run.device);
     const StepOutcome outcome = optimizer_step(run, sampler, config.update, step, applied_updates);
-    if (step == position.step) run.measured_after_step_bytes = live_bytes(run.device) - run.memory_baseline;
     const bool stopping = agree_to_stop(run);
     const Clock::time_point step_end = Clock::now();
+    if (step == position.step) {  // outside the step's time: settling waits
+      run.measured_step_peak_bytes = peak_live_bytes(run.device) - run.memory_baseline;
+      run.measured_after_step_bytes = settled_live_bytes(run.device) - run.memory_baseline;
+    }
     profiler.step_ended(step + 1);
     loggers.log(step_record(outcome, std::chrono::duration<double>(step_end - step_start).count(),
                             std::chrono::duration<double>(step_end - run_start).count(), info,
@@ -372,7 +382,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
     }
   }
   write_memory_report(*run.strategy, *run.comm, run.device, out / "memory.json", run.writer,
-                      {run.measured_setup_bytes, run.measured_after_step_bytes});
+                      {run.measured_setup_bytes, run.measured_after_step_bytes, run.measured_step_peak_bytes});
   const std::vector<torch::Tensor> weights =
       consolidated_parameters(*run.model, *run.strategy, *run.comm, run.device, run.writer);
   write_summary(*run.strategy, *run.comm, run.device, out / "summary.json", run.writer, config.steps, applied_updates,

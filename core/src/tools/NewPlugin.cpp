@@ -91,6 +91,7 @@ const std::vector<std::string>& sdk_type_names() {
                                                  "KeySpec",
                                                  "Kind",
                                                  "Logger",
+                                                 "LongDocuments",
                                                  "LossSum",
                                                  "MemoryReport",
                                                  "MetricField",

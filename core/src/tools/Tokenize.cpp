@@ -163,6 +163,7 @@ int tokenize_corpus(const TokenizeRequest& request) {
   Progress progress(total_bytes);
   uint64_t bytes_read = 0, offset = 0;
   int64_t documents = 0, skipped = 0, number = 0;
+  std::vector<int64_t> lengths;  // tokens per document, for the length distribution
   std::string first_bad;
   std::vector<Line> block;
   bool more = true;
@@ -193,6 +194,7 @@ int tokenize_corpus(const TokenizeRequest& request) {
       docs.write(reinterpret_cast<const char*>(&offset), sizeof(offset));
       write_ids(out, line.ids, width);
       offset += line.ids.size();
+      lengths.push_back(static_cast<int64_t>(line.ids.size()));
       ++documents;
     }
     if (!out || !docs) break;  // reported below, before anything is renamed
@@ -223,6 +225,15 @@ int tokenize_corpus(const TokenizeRequest& request) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   progress.update(total_bytes, static_cast<int64_t>(offset), seconds, /*final=*/true);
   if (skipped > 0) log::warn(fmt::format("skipped {} bad line(s); the first: {}", skipped, first_bad));
+  // What a window of seq_len holds of these documents, unpacked or packed
+  // (dataset.pack): the distribution of their lengths.
+  std::sort(lengths.begin(), lengths.end());
+  const auto quantile = [&](double q) {
+    return lengths[std::min(lengths.size() - 1, static_cast<size_t>(q * static_cast<double>(lengths.size())))];
+  };
+  log::info(fmt::format("document lengths in tokens: min {}, median {}, p90 {}, p99 {}, max {}, mean {:.1f}",
+                        lengths.front(), quantile(0.5), quantile(0.9), quantile(0.99), lengths.back(),
+                        static_cast<double>(offset) / static_cast<double>(documents)));
   log::info(
       fmt::format("tokenized {} documents into {} tokens in {:.2f} s (after {:.2f} s loading the tokenizer): "
                   "{:.0f} tokens/s, {:.2f} MB/s with {} thread(s); {} (dtype = \"{}\", vocab_size = {}) and {} "

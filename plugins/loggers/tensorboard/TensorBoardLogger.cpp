@@ -77,6 +77,8 @@ constexpr Scalar kScalars[] = {
     {"memory_reserved_bytes", "memory/max_reserved(GiB)", 1.0 / kGiB},
     {"rss_bytes", "memory/rss(GiB)", 1.0 / kGiB},
     {"target_tokens", "target_tokens", 1.0},
+    {"pad_fraction", "data/pad_fraction", 1.0},
+    {"documents", "data/documents", 1.0},
     {"step_seconds", "time/step_seconds", 1.0},
     {"data_seconds", "time/data_seconds", 1.0},
 };

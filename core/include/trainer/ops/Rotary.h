@@ -24,8 +24,15 @@ struct RopeScaling {
 
 struct RotaryTables {
   torch::Tensor cos, sin;
+  /// false: row p is position p (every sequence starts at 0); true: row r is
+  /// token r of the flattened [batch, seq] (at_positions).
+  bool per_token = false;
   static RotaryTables make(int64_t seq, int64_t head_dim, double theta, torch::Dtype dtype, torch::Device device,
                            const RopeScaling& scaling = RopeScaling());
+  /// Per-token tables: row b * seq + i is the row of position
+  /// position_ids[b][i] ([batch, seq], each below this table's rows), for
+  /// packed documents whose positions restart at each document.
+  RotaryTables at_positions(const torch::Tensor& position_ids) const;
 };
 
 struct QkvHeads {

@@ -1,0 +1,91 @@
+// Packing documents into windows (see trainer/util/Packing.h).
+#include "trainer/util/Packing.h"
+
+#include <map>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace trainer {
+
+LongDocuments long_documents_from(const std::string& name) {
+  if (name == "truncate") return LongDocuments::Truncate;
+  if (name == "split") return LongDocuments::Split;
+  if (name == "refuse") return LongDocuments::Refuse;
+  throw std::invalid_argument("long_documents: expected truncate, split or refuse, got '" + name + "'");
+}
+
+std::vector<Sample> fit_document(Sample document, int64_t capacity, LongDocuments policy) {
+  const auto cap = static_cast<size_t>(capacity);
+  if (document.tokens.size() <= cap) return {std::move(document)};
+  switch (policy) {
+    case LongDocuments::Refuse:
+      throw std::runtime_error(
+          fmt::format("{} tokens, more than a window of seq_len + 1 = {} holds (long_documents = "
+                      "\"refuse\"; \"split\" or \"truncate\" would take it)",
+                      document.tokens.size(), capacity));
+    case LongDocuments::Truncate:
+      document.tokens.resize(cap);
+      document.target.resize(cap);
+      return {std::move(document)};
+    case LongDocuments::Split:
+      break;
+  }
+  // Pieces start every capacity - 1 tokens: piece k's first token is piece
+  // k - 1's last, predicted there, so each piece's first is no target.
+  std::vector<Sample> pieces;
+  const size_t stride = cap > 1 ? cap - 1 : 1;
+  for (size_t first = 0; first + 1 < document.tokens.size(); first += stride) {
+    const size_t end = std::min(first + cap, document.tokens.size());
+    Sample piece;
+    piece.tokens.assign(document.tokens.begin() + first, document.tokens.begin() + end);
+    piece.target.assign(document.target.begin() + first, document.target.begin() + end);
+    piece.target[0] = 0;
+    pieces.push_back(std::move(piece));
+  }
+  return pieces;
+}
+
+std::vector<std::vector<int64_t>> pack_documents(const std::vector<int64_t>& lengths, int64_t capacity) {
+  std::vector<std::vector<int64_t>> windows;
+  // Open windows by free room; among equal room, insertion order (a
+  // multimap keeps it), so lower_bound finds the earliest best fit.
+  std::multimap<int64_t, size_t> open;
+  for (size_t d = 0; d < lengths.size(); ++d) {
+    const int64_t length = lengths[d];
+    if (length > capacity || length < 0) {
+      throw std::invalid_argument(
+          fmt::format("pack_documents: document {} has {} tokens, capacity {}", d, length, capacity));
+    }
+    auto fit = open.lower_bound(length);
+    size_t window;
+    int64_t room;
+    if (fit == open.end()) {
+      window = windows.size();
+      windows.emplace_back();
+      room = capacity;
+    } else {
+      window = fit->second;
+      room = fit->first;
+      open.erase(fit);
+    }
+    windows[window].push_back(static_cast<int64_t>(d));
+    room -= length;
+    if (room > 0) open.emplace(room, window);
+  }
+  return windows;
+}
+
+Sample concatenate_documents(const std::vector<const Sample*>& documents) {
+  Sample packed;
+  for (const Sample* document : documents) {
+    if (document->tokens.empty()) throw std::invalid_argument("concatenate_documents: an empty document");
+    packed.document_starts.push_back(static_cast<int64_t>(packed.tokens.size()));
+    packed.tokens.insert(packed.tokens.end(), document->tokens.begin(), document->tokens.end());
+    packed.target.insert(packed.target.end(), document->target.begin(), document->target.end());
+    packed.target[static_cast<size_t>(packed.document_starts.back())] = 0;
+  }
+  return packed;
+}
+
+}  // namespace trainer
