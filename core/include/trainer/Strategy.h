@@ -42,6 +42,12 @@ struct MemoryReport {
   int64_t optimizer_bytes = 0;                ///< master weights (if separate) + the optimizer's state
   int64_t peak_gathered_parameter_bytes = 0;  ///< zero3: largest live gathered units
   int64_t peak_transient_gradient_bytes = 0;  ///< zero2: most full-gradient bucket bytes live at once in backward
+  /// The most bytes at once of every buffer the strategy holds only within
+  /// a step (gathered parameters, gradient buckets, collectives' staging):
+  /// what a step adds to the steady state besides the model's activations.
+  /// The run measures the step's peak and holds this figure to it
+  /// (memory.json).
+  int64_t peak_transient_bytes = 0;
 };
 
 /// A piece of the flat layout that flatten_parameters() defines (group

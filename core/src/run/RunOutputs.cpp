@@ -24,11 +24,11 @@ void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, c
   const MemoryReport mine = strategy.memory();
   torch::Tensor local =
       torch::tensor({mine.parameter_bytes, mine.gradient_bytes, mine.optimizer_bytes,
-                     mine.peak_gathered_parameter_bytes, mine.peak_transient_gradient_bytes, measured.after_setup_bytes,
-                     measured.after_first_step_bytes, measured.first_step_peak_bytes},
+                     mine.peak_gathered_parameter_bytes, mine.peak_transient_gradient_bytes, mine.peak_transient_bytes,
+                     measured.after_setup_bytes, measured.after_first_step_bytes, measured.first_step_peak_bytes},
                     torch::kInt64)
           .to(device);
-  constexpr int kFields = 8;
+  constexpr int kFields = 9;
   torch::Tensor all = torch::zeros({kFields * comm.world_size()}, local.options());
   comm.all_gather(local, all);
   if (!writer) return;
@@ -42,9 +42,10 @@ void write_memory_report(Strategy& strategy, Comm& comm, torch::Device device, c
                          {"optimizer_bytes", v(2)},
                          {"peak_gathered_parameter_bytes", v(3)},
                          {"peak_transient_gradient_bytes", v(4)},
-                         {"measured_after_setup_bytes", v(5)},
-                         {"measured_after_first_step_bytes", v(6)},
-                         {"measured_first_step_peak_bytes", v(7)}});
+                         {"peak_transient_bytes", v(5)},
+                         {"measured_after_setup_bytes", v(6)},
+                         {"measured_after_first_step_bytes", v(7)},
+                         {"measured_first_step_peak_bytes", v(8)}});
   }
   write_file_atomically(file, ranks.dump(1) + "\n");
 }

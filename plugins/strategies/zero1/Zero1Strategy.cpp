@@ -11,6 +11,8 @@
 // With shard_group_size = s < world (hybrid sharding) "world" above reads
 // s: the reduce-scatter and all-gather run within each group of s ranks,
 // and the reduced shard is summed over the groups (ShardGroups).
+#include <algorithm>
+
 #include "trainer/sharding/ShardedStrategy.h"
 
 namespace {
@@ -40,13 +42,24 @@ class Zero1Strategy final : public ShardedStrategy {
         shard_groups().sum_over_replicas(shard);
       } else {
         torch::Tensor out = torch::empty_like(shard, reduce_dtype());
-        shard_comm().reduce_scatter_sum(grads[g].to(reduce_dtype()), out);
+        const torch::Tensor narrow = grads[g].to(reduce_dtype());
+        peak_transient_bytes_ = std::max(peak_transient_bytes_, (narrow.numel() + out.numel()) * out.element_size());
+        shard_comm().reduce_scatter_sum(narrow, out);
         shard_groups().sum_over_replicas(out);
         shard.copy_(out);
       }
     }
     return ShardedStrategy::reduce_gradients_and_norm();
   }
+
+  MemoryReport memory() const override {
+    MemoryReport report = ShardedStrategy::memory();
+    report.peak_transient_bytes = peak_transient_bytes_;  // fp32 reductions run in place: none
+    return report;
+  }
+
+ private:
+  int64_t peak_transient_bytes_ = 0;  // a bf16 reduction's copies of one group's gradient and shard
 };
 
 constexpr KeySpec kKeys[] = {

@@ -67,6 +67,9 @@ class Zero2Strategy final : public ShardedStrategy {
   MemoryReport memory() const override {
     MemoryReport report = ShardedStrategy::memory();
     report.peak_transient_gradient_bytes = gradients_->peak_bytes();
+    // Its step-local buffers; a bf16 reduce_dtype adds a half-size copy of
+    // each bucket while it is sent (not counted).
+    report.peak_transient_bytes = gradients_->peak_bytes();
     return report;
   }
 

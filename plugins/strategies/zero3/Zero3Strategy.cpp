@@ -31,6 +31,7 @@
 // group of s ranks; in the step's last backward each unit's piece of the
 // shard, once final, is summed over the groups (fp32, ShardGroups) while
 // the units before it compute.
+#include <atomic>
 #include <cmath>
 #include <mutex>
 
@@ -206,6 +207,7 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
   MemoryReport memory() const override {
     MemoryReport report = ShardedStrategy::memory();
     report.peak_gathered_parameter_bytes = peak_gathered_bytes_;
+    report.peak_transient_bytes = peak_transient_bytes_;
     return report;
   }
   // state_loaded: units are gathered from the shards on demand, so nothing
@@ -301,6 +303,7 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
       const OptimizerShard& s = optimizer().groups()[r.group];
       const Piece& mine = r.pieces[rank];
       gathered_bytes_ += r.values.numel() * r.values.element_size();
+      count_transient(bytes_of(r.values));
       if (shard_comm().world_size() == 1) {  // the shard is the whole range: one copy (and cast), no collective
         r.values.copy_(s.values.narrow(0, r.begin - s.shard.offset, r.values.numel()));
         continue;
@@ -311,6 +314,7 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
         r.send.narrow(0, 0, mine.size()).copy_(s.values.narrow(0, mine.begin - s.shard.offset, mine.size()));
       }
       r.received = torch::empty({r.longest * shard_comm().world_size()}, r.values.options());
+      count_transient(bytes_of(r.send) + bytes_of(r.received));
       r.gathering = shard_comm().all_gather_async(r.send, r.received);
       unit.in_flight = true;
     }
@@ -331,6 +335,7 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
             .copy_(r.received.narrow(0, p * r.longest, piece.size()));
       }
       r.gathering.reset();
+      count_transient(-bytes_of(r.send) - bytes_of(r.received));
       r.send = r.received = torch::Tensor();
     }
     unit.in_flight = false;
@@ -345,7 +350,10 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
     finish_gather(unit);  // never free a buffer a collective still writes into
     if (!unit.gathered && !unit.ranges.empty() && unit.ranges.front().values.storage().nbytes() == 0) return;
     for (UnitRange& r : unit.ranges) {
-      if (unit.gathered) gathered_bytes_ -= r.values.numel() * r.values.element_size();
+      if (unit.gathered) {
+        gathered_bytes_ -= r.values.numel() * r.values.element_size();
+        count_transient(-bytes_of(r.values));
+      }
       release(r.values);
     }
     unit.gathered = false;
@@ -359,8 +367,10 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
     const size_t index = static_cast<size_t>(&unit - units_.data());
     for (size_t k = 1; k <= static_cast<size_t>(prefetch_) && k <= index; ++k) start_gather(units_[index - k]);
     // fp32 whatever the compute dtype: autograd widens bf16 gradients exactly as it adds them.
-    for (UnitRange& r : unit.ranges)
+    for (UnitRange& r : unit.ranges) {
       r.grads = torch::zeros(r.values.sizes(), r.values.options().dtype(torch::kFloat32));
+      count_transient(bytes_of(r.grads));
+    }
     for (size_t i = 0; i < unit.params.size(); ++i) {
       const auto& [range, offset] = unit.param_at[i];
       torch::Tensor& param = unit.params[i];
@@ -379,6 +389,8 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
     const int world = shard_comm().world_size();
     PendingReduction pending;
     pending.unit = static_cast<size_t>(&unit - units_.data());
+    int64_t grad_bytes = 0;  // the gradient buffers, freed below once no parameter views them
+    for (const UnitRange& r : unit.ranges) grad_bytes += bytes_of(r.grads);
     for (size_t k = 0; k < unit.ranges.size(); ++k) {
       UnitRange& r = unit.ranges[k];
       OptimizerShard& s = optimizer().groups()[r.group];
@@ -396,12 +408,14 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
         send.narrow(0, p * r.longest, piece.size()).copy_(r.grads.narrow(0, piece.begin - r.begin, piece.size()));
       }
       torch::Tensor received = torch::empty({r.longest}, send.options());
+      count_transient(bytes_of(send) + bytes_of(received));
       pending.works.push_back(shard_comm().reduce_scatter_sum_async(send, received));
       pending.received.emplace_back(k, received);
       pending.sent.push_back(send);
       r.grads = torch::Tensor();
     }
     for (torch::Tensor& param : unit.params) param.mutable_grad() = torch::Tensor();
+    count_transient(-grad_bytes);
     unit.in_backward = false;
     release_unit(unit);
     if (!pending.works.empty()) reduction_ = std::make_unique<PendingReduction>(std::move(pending));
@@ -428,6 +442,10 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
         if (last_micro_) shard_groups().start_sum_over_replicas(range);
       }
     }
+    int64_t held = 0;  // freed with `pending` on return
+    for (const torch::Tensor& sent : pending->sent) held += bytes_of(sent);
+    for (const auto& entry : pending->received) held += bytes_of(entry.second);
+    count_transient(-held);
   }
 
   int64_t prefetch_;
@@ -444,6 +462,19 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
   std::mutex mutex_;
   int64_t gathered_bytes_ = 0;
   int64_t peak_gathered_bytes_ = 0;
+
+  // Every buffer that lives only within a step: gathered parameters, the
+  // all-gathers' and reduce-scatters' staging, the units' gradient buffers
+  // (memory.json's peak_transient_bytes, held to the measured peak).
+  static int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+  void count_transient(int64_t bytes) {
+    const int64_t now = transient_bytes_ += bytes;
+    int64_t peak = peak_transient_bytes_.load();
+    while (now > peak && !peak_transient_bytes_.compare_exchange_weak(peak, now)) {
+    }
+  }
+  std::atomic<int64_t> transient_bytes_{0};
+  std::atomic<int64_t> peak_transient_bytes_{0};
 };
 
 constexpr KeySpec kKeys[] = {
