@@ -134,11 +134,6 @@ class TokensDataset final : public Dataset {
     }
   }
 
-  // A document, or a piece of one: tokens [first, first + count).
-  struct Span {
-    int64_t first, count;
-  };
-
   // The .docs file of `trainer tokenize` (uint64 little-endian offsets: each
   // document's first token, then the total), checked against the tokens
   // file; its documents fitted to windows (long_documents) and packed.
@@ -182,29 +177,19 @@ class TokensDataset final : public Dataset {
         ++short_documents;
         continue;
       }
-      if (count <= capacity) {
-        spans_.push_back(Span{first, count});
-        continue;
+      std::vector<DocumentPiece> pieces;
+      try {
+        pieces = document_pieces(count, capacity, policy);
+      } catch (const std::runtime_error& error) {
+        throw InputError(fmt::format("{}: document {} (tokens {}..{} of {}): {}", docs, d, first, first + count - 1,
+                                     path_, error.what()));
       }
-      if (policy == LongDocuments::Refuse) {
-        throw InputError(
-            fmt::format("{}: document {} (tokens {}..{} of {}) has {} tokens, more than a window of "
-                        "seq_len + 1 = {} holds (dataset.long_documents = \"refuse\"; \"split\" or "
-                        "\"truncate\" would take it)",
-                        docs, d, first, first + count - 1, path_, count, capacity));
-      }
-      if (policy == LongDocuments::Truncate) {
-        spans_.push_back(Span{first, capacity});
-        continue;
-      }
-      ++split;  // pieces overlapping by one token, as fit_document cuts them
-      for (int64_t at = 0; at + 1 < count; at += capacity - 1) {
-        spans_.push_back(Span{first + at, std::min(capacity, count - at)});
-      }
+      if (pieces.size() > 1) ++split;
+      for (const DocumentPiece& piece : pieces) spans_.push_back(DocumentPiece{first + piece.first, piece.count});
     }
     if (spans_.empty()) throw InputError(fmt::format("{}: no document of two tokens or more", docs));
     std::vector<int64_t> lengths;
-    for (const Span& span : spans_) lengths.push_back(span.count);
+    for (const DocumentPiece& span : spans_) lengths.push_back(span.count);
     windows_ = pack_documents(lengths, capacity);
     log::info(fmt::format(
         "{}: {} documents{}{} packed into {} windows of seq_len = {} ({:.2f} per window)", path_, offsets.size() - 1,
@@ -217,7 +202,7 @@ class TokensDataset final : public Dataset {
     std::vector<Sample> documents;
     std::vector<int64_t> ids;
     for (const int64_t d : windows_.at(static_cast<size_t>(index))) {
-      const Span& span = spans_[static_cast<size_t>(d)];
+      const DocumentPiece& span = spans_[static_cast<size_t>(d)];
       read_ids(span.first, span.count, ids);
       Sample document;
       document.tokens.assign(ids.begin(), ids.end());
@@ -235,7 +220,7 @@ class TokensDataset final : public Dataset {
   bool shuffle_, pack_;
   int fd_ = -1;
   int64_t tokens_ = 0;
-  std::vector<Span> spans_;                    // pack: documents (and pieces) of at most seq_len + 1 tokens
+  std::vector<DocumentPiece> spans_;           // pack: documents (and pieces) of at most seq_len + 1 tokens
   std::vector<std::vector<int64_t>> windows_;  // pack: the spans_ each window holds
 };
 

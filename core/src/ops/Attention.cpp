@@ -13,6 +13,20 @@
 
 namespace trainer::ops {
 
+#if TORCH_VERSION_MAJOR < 2
+namespace {
+// The explicit softmax form: scores of q against k (as many heads as q),
+// -inf where `blocked`, softmax, times v.
+torch::Tensor softmax_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                const torch::Tensor& blocked) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * scale;
+  scores.masked_fill_(blocked, -std::numeric_limits<double>::infinity());
+  return torch::matmul(torch::softmax(scores, -1), v);
+}
+}  // namespace
+#endif
+
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
 #if TORCH_VERSION_MAJOR >= 2
   const bool grouped = q.size(1) != k.size(1);
@@ -33,12 +47,8 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
     return causal_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1));
   }
   const int64_t seq = q.size(-2);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * scale;
-  const torch::Tensor future =
-      torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
-  scores.masked_fill_(future, -std::numeric_limits<double>::infinity());
-  return torch::matmul(torch::softmax(scores, -1), v);
+  return softmax_attention(
+      q, k, v, torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1));
 #endif
 }
 
@@ -67,10 +77,7 @@ torch::Tensor document_causal_attention(const torch::Tensor& q, const torch::Ten
 #if TORCH_VERSION_MAJOR >= 2
   return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/false);
 #else
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * scale;
-  scores.masked_fill_(mask.logical_not(), -std::numeric_limits<double>::infinity());
-  return torch::matmul(torch::softmax(scores, -1), v);
+  return softmax_attention(q, k, v, mask.logical_not());
 #endif
 }
 

@@ -21,6 +21,8 @@ MicroBatch collate(const Dataset& dataset, const std::string& dataset_name, cons
   torch::Tensor documents = packs ? torch::zeros({rows, seq}, torch::kInt64) : torch::Tensor();
   auto in = inputs.accessor<int64_t, 2>();
   auto out = labels.accessor<int64_t, 2>();
+  int64_t* position = packs ? positions.data_ptr<int64_t>() : nullptr;  // [rows, seq], row-major
+  int64_t* number = packs ? documents.data_ptr<int64_t>() : nullptr;
   MicroBatch micro;
   for (int64_t row = 0; row < rows; ++row) {
     const Sample sample = dataset.get(indices[row]);
@@ -62,25 +64,19 @@ MicroBatch collate(const Dataset& dataset, const std::string& dataset_name, cons
     for (int64_t i = 0; i + 1 < n; ++i) {
       if (starts_at(i)) ++document;
       in[row][i] = sample.tokens[i];
+      if (packs) {
+        position[row * seq + i] = i - (starts.empty() ? 0 : starts[document]);
+        number[row * seq + i] = static_cast<int64_t>(document);
+      }
       if (sample.target[i + 1] && !starts_at(i + 1)) {
         out[row][i] = sample.tokens[i + 1];
         ++micro.batch.target_tokens;
       }
     }
-    if (packs) {
-      auto position = positions.accessor<int64_t, 2>();
-      auto number = documents.accessor<int64_t, 2>();
-      document = 0;
-      int64_t document_start = 0;
-      for (int64_t i = 0; i < seq; ++i) {
-        if (i == n - 1) {  // padding: a document of its own
-          ++document;
-          document_start = i;
-        } else if (i < n - 1 && starts_at(i)) {
-          document_start = starts[++document];
-        }
-        position[row][i] = i - document_start;
-        number[row][i] = static_cast<int64_t>(document);
+    if (packs) {  // padding: a document of its own, positions from 0
+      for (int64_t i = n - 1; i < seq; ++i) {
+        position[row * seq + i] = i - (n - 1);
+        number[row * seq + i] = static_cast<int64_t>(document) + 1;
       }
     }
     micro.input_tokens += n - 1;

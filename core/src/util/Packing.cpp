@@ -15,32 +15,38 @@ LongDocuments long_documents_from(const std::string& name) {
   throw std::invalid_argument("long_documents: expected truncate, split or refuse, got '" + name + "'");
 }
 
-std::vector<Sample> fit_document(Sample document, int64_t capacity, LongDocuments policy) {
-  const auto cap = static_cast<size_t>(capacity);
-  if (document.tokens.size() <= cap) return {std::move(document)};
+std::vector<DocumentPiece> document_pieces(int64_t length, int64_t capacity, LongDocuments policy) {
+  if (length <= capacity) return {{0, length}};
   switch (policy) {
     case LongDocuments::Refuse:
       throw std::runtime_error(
           fmt::format("{} tokens, more than a window of seq_len + 1 = {} holds (long_documents = "
                       "\"refuse\"; \"split\" or \"truncate\" would take it)",
-                      document.tokens.size(), capacity));
+                      length, capacity));
     case LongDocuments::Truncate:
-      document.tokens.resize(cap);
-      document.target.resize(cap);
-      return {std::move(document)};
+      return {{0, capacity}};
     case LongDocuments::Split:
       break;
   }
-  // Pieces start every capacity - 1 tokens: piece k's first token is piece
-  // k - 1's last, predicted there, so each piece's first is no target.
+  std::vector<DocumentPiece> pieces;
+  const int64_t stride = capacity > 1 ? capacity - 1 : 1;
+  for (int64_t first = 0; first + 1 < length; first += stride) {
+    pieces.push_back({first, std::min(capacity, length - first)});
+  }
+  return pieces;
+}
+
+std::vector<Sample> fit_document(Sample document, int64_t capacity, LongDocuments policy) {
+  const int64_t length = static_cast<int64_t>(document.tokens.size());
+  const std::vector<DocumentPiece> cuts = document_pieces(length, capacity, policy);
+  if (cuts.size() == 1 && cuts[0].count == length) return {std::move(document)};
   std::vector<Sample> pieces;
-  const size_t stride = cap > 1 ? cap - 1 : 1;
-  for (size_t first = 0; first + 1 < document.tokens.size(); first += stride) {
-    const size_t end = std::min(first + cap, document.tokens.size());
+  for (const DocumentPiece& cut : cuts) {
     Sample piece;
-    piece.tokens.assign(document.tokens.begin() + first, document.tokens.begin() + end);
-    piece.target.assign(document.target.begin() + first, document.target.begin() + end);
-    piece.target[0] = 0;
+    piece.tokens.assign(document.tokens.begin() + cut.first, document.tokens.begin() + cut.first + cut.count);
+    piece.target.assign(document.target.begin() + cut.first, document.target.begin() + cut.first + cut.count);
+    // A split piece's first token is the previous piece's last, predicted there.
+    if (policy == LongDocuments::Split) piece.target[0] = 0;
     pieces.push_back(std::move(piece));
   }
   return pieces;

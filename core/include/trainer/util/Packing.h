@@ -20,6 +20,17 @@ enum class LongDocuments { Truncate, Split, Refuse };
 /// "truncate", "split" or "refuse" (what the datasets' KeySpec allows).
 LongDocuments long_documents_from(const std::string& name);
 
+/// Where a document of `length` tokens is cut under `policy` for windows
+/// of `capacity` tokens: [first, first + count) each. Itself when it fits;
+/// its first `capacity` tokens (truncate); pieces starting every
+/// capacity - 1 tokens, each piece's first token the previous one's last
+/// (split). Refuse: std::runtime_error saying how long it is (the caller
+/// names the file and the document).
+struct DocumentPiece {
+  int64_t first, count;
+};
+std::vector<DocumentPiece> document_pieces(int64_t length, int64_t capacity, LongDocuments policy);
+
 /// The pieces `document` becomes under `policy` in windows of `capacity`
 /// tokens: itself when it fits; one truncated piece; overlapping pieces
 /// (each piece's first token is not a target: the previous piece predicts
