@@ -30,6 +30,7 @@ checksum-ignored|core/src/checkpoint/Checkpoint.cpp|  if (hash != member(f, key,
 prune-any-lineage|core/src/checkpoint/Checkpoint.cpp|if (step < written_step && lineage_of(dir) == lineage_) mine.push_back(dir);|if (step < written_step) mine.push_back(dir);|HostileInput.CheckpointsOfAnotherRunAreNeitherMixedNorPruned
 zero2-unreported-full-gradient|plugins/strategies/zero2/Zero2Strategy.cpp|    world_ = &comm;\n    device_ = env.device;|    world_ = &comm;\n    device_ = env.device;\n    static std::vector<torch::Tensor> kept;\n    for (const NamedParameter& p : model.parameters()) kept.push_back(torch::zeros_like(p.tensor));|Strategies.ZeroMemoryFormulasAtWorldSizeFour
 zero3-unreported-step-copy|plugins/strategies/zero3/Zero3Strategy.cpp|    unit.ready = 0;\n    unit.in_backward = true;|    unit.ready = 0;\n    unit.in_backward = true;\n    static torch::Tensor copy;\n    copy = index + 1 == units_.size() ? torch::zeros({82496}) : index == 0 ? torch::Tensor() : copy;|Strategies.ZeroMemoryFormulasAtWorldSizeFour
+muon-stack-entry-mixup|core/src/sharding/OptimizerShards.cpp|for (size_t i = 0; i < held.size(); ++i) transformed.push_back(out[static_cast<int64_t>(i)]);|for (size_t i = 0; i < held.size(); ++i) transformed.push_back(out[0]);|Muon.OptimizerShardsGiveEachStackedMatrixItsOwnUpdate
 claims-equal-paths-only|core/src/util/StepFile.cpp|if (within(claim.path, held.path) \|\| within(held.path, claim.path)) return held.owner;|if (claim.path == held.path) return held.owner;|HostileInput.LoggerOutputsThatCollideAreRefused
 EOF
 

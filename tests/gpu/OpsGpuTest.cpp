@@ -1,6 +1,7 @@
 // The ops' CUDA paths (the project's kernels, LibTorch's fused RMSNorm and
 // AdamW) held to their CPU paths on the same inputs, values and gradients.
 #include <cmath>
+#include <iterator>
 #include <limits>
 
 #include <gtest/gtest.h>
@@ -19,6 +20,7 @@
 #include "trainer/ops/Rotary.h"
 #include "trainer/ops/SwiGlu.h"
 #include "trainer/sharding/AdamW.h"
+#include "trainer/sharding/LowPrecisionState.h"
 
 namespace trainer {
 namespace {
@@ -281,6 +283,74 @@ TEST(OpsGpu, FusedAdamWMatchesTheCpuUpdate) {
     EXPECT_TRUE(torch::equal(gpu_state.exp_avg_sq.cpu(), cpu_state.exp_avg_sq)) << "offset " << offset;
     EXPECT_TRUE(torch::equal(compute, gpu.to(torch::kBFloat16))) << "offset " << offset;
   }
+}
+
+// bf16 state's stochastic rounding: the CUDA kernel against the CPU path's
+// int64 tensor arithmetic, bit for bit, on values of every kind (normal,
+// subnormal, near the largest float, zero, infinities, NaN) and at element
+// indices past 2^31 (the hash's high half). Then one AdamW step of each
+// device on bf16 state through with_wide_state: the same state bits.
+TEST(OpsGpu, StochasticRoundingKernelGivesTheCpuBits) {
+  REQUIRE_CUDA();
+  torch::manual_seed(9);
+  const int64_t n = 200001;
+  torch::Tensor values = torch::randn({n}) * torch::pow(2.0, 40.0 * torch::rand({n}) - 20.0);
+  values.narrow(0, 0, 1000).mul_(1e-39);  // subnormals
+  values.narrow(0, 1000, 1000).mul_(0).add_(3.4e38).mul_(torch::rand({1000}).add(0.99));
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::max(),
+                            -std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::quiet_NaN()};
+  for (size_t i = 0; i < std::size(specials); ++i) values[static_cast<int64_t>(2000 + i)] = specials[i];
+  for (const int64_t first : {int64_t(0), int64_t(5) << 31}) {
+    for (const uint64_t stream : {state_stream(1, 0, 0), state_stream(77, 1, 3)}) {
+      torch::Tensor cpu = torch::empty({n}, torch::kBFloat16),
+                    gpu = torch::empty({n}, values.options().dtype(torch::kBFloat16).device(kCuda));
+      stochastic_round(cpu, values, stream, first);
+      stochastic_round(gpu, values.to(kCuda), stream, first);
+      // NaN stays NaN; which NaN pattern is each conversion's own (LibTorch's
+      // vectorised CPU conversion writes 0xffff, its scalar one 0x7fc0).
+      const torch::Tensor nan = values.isnan();
+      EXPECT_TRUE(torch::equal(cpu.isnan(), nan));
+      EXPECT_TRUE(torch::equal(gpu.cpu().isnan(), nan));
+      const torch::Tensor want = cpu.view(torch::kInt16).masked_fill(nan, 0),
+                          got = gpu.cpu().view(torch::kInt16).masked_fill(nan, 0);
+      EXPECT_TRUE(torch::equal(want, got))
+          << "first " << first << ": " << want.ne(got).sum().item<int64_t>() << " of " << n << " differ";
+      // The rounding is up or down to a neighbour: never further than one bf16 step.
+      const torch::Tensor finite = values.abs().lt(3.3e38);
+      const torch::Tensor gap = (gpu.cpu().to(torch::kFloat64) - values.to(torch::kFloat64)).abs();
+      EXPECT_TRUE(gap.le(values.to(torch::kFloat64).abs() * std::ldexp(1.0, -7) + 1e-40)
+                      .logical_or(finite.logical_not())
+                      .all()
+                      .item<bool>());
+    }
+  }
+  // A bf16-state AdamW step (the state written back through the kernel).
+  const AdamWConfig config{0.9, 0.95, 1e-8, 0.1};
+  std::vector<torch::Tensor> states;
+  for (const torch::Device device : {torch::Device(torch::kCPU), kCuda}) {
+    torch::manual_seed(3);
+    UpdateSlice slice;
+    slice.group = 1;
+    slice.offset = 12345;
+    slice.values = torch::randn({n}).to(device);
+    slice.gradient = torch::randn({n}).to(device);
+    slice.state = {torch::zeros({n}, slice.values.options().dtype(torch::kBFloat16)),
+                   torch::zeros({n}, slice.values.options().dtype(torch::kBFloat16))};
+    for (int64_t step = 1; step <= 2; ++step) {
+      with_wide_state(slice, step, [&](UpdateSlice& s, int64_t, int64_t) {
+        AdamWState state{s.state.at(0), s.state.at(1)};
+        adamw_update(s.values, s.gradient, state, config, true, 1e-3, step, 1.0, s.compute);
+      });
+    }
+    states.push_back(torch::cat(
+        {slice.values.cpu(), slice.state[0].cpu().to(torch::kFloat32), slice.state[1].cpu().to(torch::kFloat32)}));
+  }
+  EXPECT_TRUE(torch::equal(states[0], states[1])) << "relative difference " << relative_error(states[1], states[0]);
 }
 
 // Reproducible mode's fused fixed-point kernel (ops/FixedPoint.cu) against

@@ -62,5 +62,44 @@ TEST(OptimizerGpu, MuonMatchesTorchOptimMuon) {
   }
 }
 
+// Muon's stacked Newton-Schulz on CUDA (bf16 batched products): a matrix's
+// bits do not depend on its position or its companions in a stack (a rank
+// stacks whichever matrices it holds, so this is what keeps one matrix's
+// update the same at every world size), and each matrix's result is its
+// own iteration's: within 2e-2 (Frobenius, relative) of the one-matrix
+// path, the bound of two bf16 computations of the same products in another
+// order (2^-8 per rounding, a few roundings apart; see OpsGpuTest).
+TEST(OptimizerGpu, StackedNewtonSchulzGivesEachMatrixItsOwnBits) {
+  REQUIRE_CUDA();
+  PluginRegistry registry;
+  registry.discover({TRAINER_PLUGIN_DIR});
+  const LoadedPlugin& plugin = registry.find(PluginKind::Optimizer, "muon");
+  const std::unique_ptr<Optimizer> muon =
+      PluginRegistry::create<Optimizer>(plugin, plugin_options(plugin, ""), Context{});
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{896, 896}, std::vector<int64_t>{4864, 896}, std::vector<int64_t>{128, 896}}) {
+    const ParameterInfo p{"model.layers.0.self_attn.q_proj.weight", shape, true, 0, 0, shape[0] * shape[1]};
+    const int64_t k = muon->stack_size(p);
+    ASSERT_GT(k, 1);
+    std::vector<int64_t> sizes{k};
+    sizes.insert(sizes.end(), shape.begin(), shape.end());
+    torch::manual_seed(12);
+    const torch::Tensor matrices = torch::randn(sizes, torch::TensorOptions().device(kCuda));
+    const std::vector<ParameterInfo> infos(k, p);
+    const torch::Tensor out = muon->transform_stack(infos, matrices, {});
+    const torch::Tensor alone = torch::zeros_like(matrices);
+    alone[0].copy_(matrices[1]);
+    torch::Tensor others = torch::randn(sizes, matrices.options());
+    others[k - 1].copy_(matrices[1]);
+    EXPECT_TRUE(torch::equal(muon->transform_stack({p}, alone, {})[0], out[1])) << shape[0] << "x" << shape[1];
+    EXPECT_TRUE(torch::equal(muon->transform_stack(infos, others, {})[k - 1], out[1])) << shape[0] << "x" << shape[1];
+    for (int64_t i = 0; i < k; ++i) {
+      const torch::Tensor single = muon->transform(p, matrices[i], {});
+      const double error = ((out[i] - single).norm() / single.norm()).item<double>();
+      EXPECT_LT(error, 2e-2) << shape[0] << "x" << shape[1] << " matrix " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace trainer

@@ -9,7 +9,9 @@
 #include "plugin/PluginRegistry.h"
 #include "recipe/Recipe.h"
 #include "trainer/Optimizer.h"
+#include "trainer/sharding/FlatParameters.h"
 #include "trainer/sharding/LowPrecisionState.h"
+#include "trainer/sharding/OptimizerShards.h"
 
 namespace trainer {
 namespace {
@@ -115,6 +117,94 @@ TEST(Muon, NewtonSchulzMatchesAnFp64IterationWideAndTall) {
     EXPECT_EQ(out32.scalar_type(), torch::kFloat32);
     EXPECT_LT(max_relative_error(out32, want), 1e-5);
   }
+}
+
+// Stacks: every matrix of a stack against the fp64 iteration (fp64 and
+// fp32, the bounds above), and a matrix's bits the same whatever its
+// position and companions (a rank stacks whichever matrices it holds: the
+// same matrix must get the same bits at every world size).
+TEST(Muon, AStackedMatrixGetsItsOwnIterationAndTheSameBitsInAnyStack) {
+  torch::manual_seed(5);
+  const std::unique_ptr<Optimizer> muon = make("muon");
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{16, 24}, std::vector<int64_t>{24, 16}}) {
+    const ParameterInfo p = info("w", shape);
+    const int64_t k = muon->stack_size(p);
+    ASSERT_EQ(k, 16) << "small matrices are stacked sixteen at a time";
+    std::vector<int64_t> sizes{k};
+    sizes.insert(sizes.end(), shape.begin(), shape.end());
+    const torch::Tensor matrices = torch::randn(sizes, torch::kFloat64);
+    const std::vector<ParameterInfo> infos(k, p);
+    const torch::Tensor out64 = muon->transform_stack(infos, matrices, {});
+    const torch::Tensor out32 = muon->transform_stack(infos, matrices.to(torch::kFloat32), {});
+    ASSERT_EQ(out32.sizes(), matrices.sizes());
+    ASSERT_EQ(out32.scalar_type(), torch::kFloat32);
+    for (int64_t i = 0; i < k; ++i) {
+      const Matrix want = newton_schulz(to_matrix(matrices[i]));
+      EXPECT_LT(max_relative_error(out64[i], want), 1e-12) << i;
+      EXPECT_LT(max_relative_error(out32[i], want), 1e-5) << i;
+    }
+    // Matrix 3 alone at the front (zeros after it), then at the back with other companions.
+    const torch::Tensor alone = torch::zeros_like(matrices).to(torch::kFloat32);
+    alone[0].copy_(matrices[3]);
+    torch::Tensor others = torch::randn(sizes, torch::kFloat32);
+    others[k - 1].copy_(matrices[3]);
+    EXPECT_TRUE(torch::equal(muon->transform_stack({p}, alone, {})[0], out32[3]));
+    EXPECT_TRUE(torch::equal(muon->transform_stack(infos, others, {})[k - 1], out32[3]));
+    // The padding stays zero.
+    EXPECT_EQ(muon->transform_stack({p}, alone, {}).narrow(0, 1, k - 1).abs().max().item<double>(), 0.0);
+  }
+  EXPECT_EQ(muon->stack_size(info("w", {4864, 896})), 4);
+  EXPECT_EQ(muon->stack_size(info("w", {11008, 2048})), 1);
+}
+
+// The strategies' building block with stacks: seven matrices of one shape
+// (one stack of sixteen with nine zeros), two of another and a vector,
+// updated through OptimizerShards, each against the same matrix put
+// through prepare, transform and apply alone (fp64: 1e-12 covers the
+// orders of the sums). A stack entry applied to the wrong matrix is off
+// by O(1).
+TEST(Muon, OptimizerShardsGiveEachStackedMatrixItsOwnUpdate) {
+  torch::manual_seed(6);
+  const std::unique_ptr<Optimizer> muon = make("muon", "weight_decay = 0.1\n");
+  std::vector<NamedParameter> params;
+  for (int i = 0; i < 9; ++i) {
+    const std::vector<int64_t> shape = i % 4 == 3 ? std::vector<int64_t>{16, 24} : std::vector<int64_t>{24, 16};
+    params.push_back({"model.layers." + std::to_string(i) + ".mlp.up_proj.weight",
+                      torch::randn(shape, torch::kFloat64).requires_grad_(), true});
+  }
+  params.push_back({"model.norm.weight", torch::randn({16}, torch::kFloat64).requires_grad_(), false});
+  std::vector<torch::Tensor> initial;
+  for (const NamedParameter& p : params) initial.push_back(p.tensor.detach().clone().reshape({-1}));
+  std::vector<ParameterGroup> groups = flatten_parameters(params, torch::kCPU, 1, torch::kFloat64);
+  OptimizerShards shards = OptimizerShards::viewing(*muon, groups, 0, 1);
+  const UpdateArgs args{0.02, 0.5, 1};
+  std::vector<torch::Tensor> gradients(params.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const ParameterSlot& slot : groups[g].slots) {
+      const torch::Tensor grad = torch::randn({slot.numel}, torch::kFloat64);
+      shards.groups()[g].gradient.narrow(0, slot.offset, slot.numel).copy_(grad);
+      gradients[slot.position] = grad;
+    }
+  }
+  shards.update(args, nullptr);
+  int checked = 0;
+  for (const ParameterGroup& group : groups) {
+    for (const ParameterSlot& slot : group.slots) {
+      if (slot.position >= 9) continue;
+      const ParameterInfo p = info(slot.name, slot.param.sizes().vec());
+      torch::Tensor values = initial[slot.position].clone(), m = torch::zeros_like(values),
+                    v = torch::zeros_like(values);
+      UpdateSlice s{0, 0, true, values, gradients[slot.position].clone(), {m, v}, {}};
+      torch::Tensor direction = torch::empty_like(values);
+      muon->prepare(p, s, direction, args);
+      muon->apply(p, s, muon->transform(p, direction.view(p.shape), args).reshape({-1}), args);
+      const torch::Tensor got = group.values.narrow(0, slot.offset, slot.numel);
+      EXPECT_LT(((got - values).abs().max() / (values - initial[slot.position]).abs().max()).item<double>(), 1e-10)
+          << slot.name;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 9);
 }
 
 // One matrix through prepare, transform and apply, three steps, fp64,

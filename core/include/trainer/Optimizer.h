@@ -22,7 +22,10 @@
 //    ranks that hold parts of it: exactly, as a sum of disjoint parts), and
 //    apply() (element-wise again, with the rank's part of the transformed
 //    matrix). A matrix that one rank holds whole needs no communication; at
-//    world size 1, and in ddp, none ever does. See sharding/OptimizerShards.h.
+//    world size 1, and in ddp, none ever does. Matrices of one shape may be
+//    transformed as a stack (stack_size(), transform_stack()): the same
+//    bits per matrix, far fewer and fuller launches. See
+//    sharding/OptimizerShards.h.
 #pragma once
 
 #include <cstddef>
@@ -104,6 +107,25 @@ class Optimizer : public Component {
   /// parameter. Returns the transformed matrix, of the same shape and
   /// dtype. Deterministic: equal inputs on equal devices give equal bits.
   virtual torch::Tensor transform(const ParameterInfo& parameter, const torch::Tensor& matrix, const UpdateArgs& args);
+  /// How many matrices of `parameter`'s shape transform_stack() takes at
+  /// once; 1 (the default): transform() is called per matrix. A function of
+  /// the shape alone, never of the rank.
+  virtual int64_t stack_size(const ParameterInfo& parameter) const {
+    (void)parameter;
+    return 1;
+  }
+  /// Step 2 for up to stack_size() whole-matrix parameters of one shape at
+  /// once (batched products: one launch for many small matrices, which alone
+  /// would leave most of a GPU idle). `matrices` is [stack_size(), shape...]:
+  /// entry i holds parameters[i]'s directions, entries past
+  /// parameters.size() are zeros. Returns the transformed stack, same shape
+  /// and dtype. Each matrix's result must not depend on its position or on
+  /// the other entries: a rank stacks whichever matrices it holds, and the
+  /// same matrix must get the same bits at every world size (a fixed stack
+  /// shape and batched products whose entries are computed independently
+  /// give that). The default calls transform() on each entry.
+  virtual torch::Tensor transform_stack(const std::vector<ParameterInfo>& parameters, const torch::Tensor& matrices,
+                                        const UpdateArgs& args);
   /// Step 3, element-wise on the same slice as prepare: updates the values
   /// with `direction`, the slice's part of transform's result.
   virtual void apply(const ParameterInfo& parameter, UpdateSlice& slice, const torch::Tensor& direction,

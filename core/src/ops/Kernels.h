@@ -1,5 +1,5 @@
 // Launchers of the project's own CUDA kernels (Rotary.cu, SwiGlu.cu, CrossEntropy.cu, AdamW.cu,
-// FixedPoint.cu). Plain
+// FixedPoint.cu, StochasticRound.cu). Plain
 // pointers and a stream: the kernels see no LibTorch header, so nvcc never
 // compiles LibTorch's headers. Built only where CUDA parts are on.
 #pragma once
@@ -16,9 +16,9 @@ enum class Dtype { Float32, Float64, BFloat16 };
 /// row stride `qkv_stride` elements), writes q, k (rotated) and v (copied), each contiguous
 /// [tokens, heads or kv_heads, head_dim]. `cos`, `sin`: [seq, head_dim / 2] in float
 /// (double for Float64); token r sits at position r % seq.
-void qkv_rotary_forward(Dtype dtype, const void* qkv, int64_t qkv_stride, void* q, void* k, void* v,
-                        const void* cos, const void* sin, int64_t tokens, int64_t seq, int heads, int kv_heads,
-                        int head_dim, cudaStream_t stream);
+void qkv_rotary_forward(Dtype dtype, const void* qkv, int64_t qkv_stride, void* q, void* k, void* v, const void* cos,
+                        const void* sin, int64_t tokens, int64_t seq, int heads, int kv_heads, int head_dim,
+                        cudaStream_t stream);
 
 /// Its backward: the inverse rotation of dq and dk and a copy of dv into the contiguous gradient of qkv.
 void qkv_rotary_backward(Dtype dtype, const void* dq, const void* dk, const void* dv, void* dqkv, const void* cos,
@@ -29,8 +29,8 @@ void qkv_rotary_backward(Dtype dtype, const void* dq, const void* dk, const void
 void swiglu_forward(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t width, cudaStream_t stream);
 
 /// Gradient of swiglu_forward into d_gate_up ([rows, 2 * width]) from d_out and the saved input.
-void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows,
-                     int64_t width, cudaStream_t stream);
+void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows, int64_t width,
+                     cudaStream_t stream);
 
 /// Per row of fp32 `logits` ([rows, vocab], contiguous) with target `targets[row]`:
 /// loss[row] = logsumexp - logit of the target (NaN for a target outside [0, vocab)), and,
@@ -41,14 +41,14 @@ void cross_entropy_rows(Dtype grad_dtype, const float* logits, const int64_t* ta
 
 /// The scalars of one AdamW step, in the fp32 they are applied in.
 struct AdamWScalars {
-  float grad_scale;              ///< the clipping coefficient (1: none)
-  float decay_factor;            ///< 1 - lr * weight_decay (1: no decay)
+  float grad_scale;    ///< the clipping coefficient (1: none)
+  float decay_factor;  ///< 1 - lr * weight_decay (1: no decay)
   float one_minus_beta1;
   float beta2;
   float one_minus_beta2;
-  float bias_correction2_sqrt;   ///< sqrt(1 - beta2^step)
+  float bias_correction2_sqrt;  ///< sqrt(1 - beta2^step)
   float eps;
-  float step_size;               ///< lr / (1 - beta1^step)
+  float step_size;  ///< lr / (1 - beta1^step)
 };
 
 /// One AdamW step over `n` elements of flat fp32 buffers, in place; unless
@@ -62,6 +62,12 @@ void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_av
 /// `scale` must be a power of two, *largest non-negative.
 void fixed_point_add(Dtype dtype, const void* gradient, int64_t* sums, int64_t n, double scale, double limit, bool add,
                      double* largest, cudaStream_t stream);
+
+/// bf16 `dst` = fp32 `src` stochastically rounded (sharding/LowPrecisionState.h's
+/// stochastic_round, the same bits): element i's 16 random bits are the hash of
+/// (`stream_bits`, first_index + i). Both contiguous, `n` elements.
+void stochastic_round_bf16(const float* src, void* dst, int64_t n, uint64_t stream_bits, int64_t first_index,
+                           cudaStream_t stream);
 
 /// The CUDA error of the last launch as text, or nullptr when there was none.
 const char* last_error();

@@ -26,6 +26,15 @@ torch::Tensor Optimizer::transform(const ParameterInfo& parameter, const torch::
       parameter.name +
       ": this optimizer plugin claims it as a whole matrix but does not implement Optimizer::transform");
 }
+torch::Tensor Optimizer::transform_stack(const std::vector<ParameterInfo>& parameters, const torch::Tensor& matrices,
+                                         const UpdateArgs& args) {
+  torch::Tensor out = torch::zeros_like(matrices);
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const auto at = static_cast<int64_t>(i);
+    out[at].copy_(transform(parameters[i], matrices[at], args));
+  }
+  return out;
+}
 void Optimizer::apply(const ParameterInfo&, UpdateSlice&, const torch::Tensor&, const UpdateArgs&) {
   throw TrainingError("this optimizer plugin claims a whole-matrix parameter but does not implement Optimizer::apply");
 }

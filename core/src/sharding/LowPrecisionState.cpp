@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "ops/Dispatch.h"
+
 namespace trainer {
 
 namespace {
@@ -33,6 +35,17 @@ void stochastic_round(torch::Tensor dst, const torch::Tensor& src, uint64_t stre
   torch::NoGradGuard no_grad;
   const int64_t n = src.numel();
   if (n == 0) return;
+#ifdef TRAINER_CUDA_KERNELS
+  if (src.is_cuda() && dst.is_cuda() && src.scalar_type() == torch::kFloat32 && dst.scalar_type() == torch::kBFloat16 &&
+      dst.is_contiguous() && dst.numel() == n) {
+    const torch::Tensor values = src.contiguous();
+    const ops::KernelLaunch launch("stochastic_round", {values, dst});
+    ops::kernels::stochastic_round_bf16(values.data_ptr<float>(), dst.data_ptr(), n, stream, first_index,
+                                        launch.stream());
+    ops::check_launch("stochastic_round");
+    return;
+  }
+#endif
   const auto longs = src.options().dtype(torch::kInt64);
   const torch::Tensor index = torch::arange(first_index, first_index + n, longs);
   const int64_t seed_low = static_cast<int64_t>(stream & kLow31);

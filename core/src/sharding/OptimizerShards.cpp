@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "trainer/Errors.h"
 
@@ -108,39 +109,97 @@ void OptimizerShards::update(const UpdateArgs& args, Comm* shard_comm) {
     }
     flush(owned_end);
   }
-  // Whole-matrix parameters, in the same order on every rank.
+  // Whole-matrix parameters: runs of one shape (rank-independent), each
+  // rank's held matrices of a run transformed as one stack.
+  struct Entry {
+    size_t group;
+    size_t index;
+  };
+  std::vector<std::vector<Entry>> shapes;  // per distinct shape, in order of first appearance
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    OptimizerShard& g = groups_[gi];
-    const int64_t per_rank = g.shard.numel;  // every rank's shard is as large
+    const OptimizerShard& g = groups_[gi];
     for (size_t k = 0; k < g.parameters.size(); ++k) {
       if (!g.whole_matrix[k]) continue;
-      const ParameterInfo& p = g.parameters[k];
-      const int64_t begin = std::max(p.offset, g.owned.offset);
-      const int64_t end = std::min(p.offset + p.numel, g.owned.offset + g.owned.numel);
-      const bool holds = end > begin;
-      const bool spans = shard_ranks_ > 1 && per_rank > 0 && p.offset / per_rank != (p.offset + p.numel - 1) / per_rank;
-      if (!spans && !holds) continue;
-      torch::Tensor direction =
-          spans ? torch::zeros({p.numel}, g.values.options()) : torch::empty({p.numel}, g.values.options());
-      UpdateSlice s;
-      if (holds) {
-        s = slice_of(g, begin, end);
-        s.group = gi;
-        optimizer_->prepare(p, s, direction.narrow(0, begin - p.offset, end - begin), args);
+      const auto same = [&](const std::vector<Entry>& list) {
+        return groups_[list.front().group].parameters[list.front().index].shape == g.parameters[k].shape;
+      };
+      const auto found = std::find_if(shapes.begin(), shapes.end(), same);
+      (found == shapes.end() ? shapes.emplace_back() : *found).push_back({gi, k});
+    }
+  }
+  struct Held {
+    const ParameterInfo* info;
+    UpdateSlice slice;
+    torch::Tensor direction;
+    int64_t begin, end;
+  };
+  for (const std::vector<Entry>& list : shapes) {
+    const ParameterInfo& first = groups_[list.front().group].parameters[list.front().index];
+    const auto stack = static_cast<size_t>(std::max<int64_t>(1, optimizer_->stack_size(first)));
+    for (size_t run = 0; run < list.size(); run += stack) {
+      std::vector<Held> held;
+      for (size_t e = run; e < std::min(list.size(), run + stack); ++e) {
+        OptimizerShard& g = groups_[list[e].group];
+        const ParameterInfo& p = g.parameters[list[e].index];
+        const int64_t per_rank = g.shard.numel;  // every rank's shard is as large
+        const int64_t begin = std::max(p.offset, g.owned.offset);
+        const int64_t end = std::min(p.offset + p.numel, g.owned.offset + g.owned.numel);
+        const bool holds = end > begin;
+        const bool spans =
+            shard_ranks_ > 1 && per_rank > 0 && p.offset / per_rank != (p.offset + p.numel - 1) / per_rank;
+        if (!spans && !holds) continue;
+        torch::Tensor direction =
+            spans ? torch::zeros({p.numel}, g.values.options()) : torch::empty({p.numel}, g.values.options());
+        UpdateSlice s;
+        if (holds) {
+          s = slice_of(g, begin, end);
+          s.group = list[e].group;
+          optimizer_->prepare(p, s, direction.narrow(0, begin - p.offset, end - begin), args);
+        }
+        if (spans) {
+          if (!shard_comm) {
+            throw std::logic_error("OptimizerShards::update: a matrix spans shards and no comm was given");
+          }
+          shard_comm->all_reduce_sum(direction);  // disjoint parts and zeros: exact
+        }
+        if (holds) held.push_back({&p, std::move(s), std::move(direction), begin, end});
       }
-      if (spans) {
-        if (!shard_comm) throw std::logic_error("OptimizerShards::update: a matrix spans shards and no comm was given");
-        shard_comm->all_reduce_sum(direction);  // disjoint parts and zeros: exact
+      if (held.empty()) continue;
+      std::vector<torch::Tensor> transformed;
+      if (stack == 1) {
+        transformed.push_back(optimizer_->transform(*held[0].info, held[0].direction.view(first.shape), args));
+      } else {
+        std::vector<int64_t> sizes{static_cast<int64_t>(stack)};
+        sizes.insert(sizes.end(), first.shape.begin(), first.shape.end());
+        torch::Tensor matrices = torch::zeros(sizes, held[0].direction.options());
+        std::vector<ParameterInfo> infos;
+        for (size_t i = 0; i < held.size(); ++i) {
+          matrices[static_cast<int64_t>(i)].view({-1}).copy_(held[i].direction);
+          infos.push_back(*held[i].info);
+        }
+        for (Held& h : held) h.direction = torch::Tensor();  // the stack holds them now
+        const torch::Tensor out = optimizer_->transform_stack(infos, matrices, args);
+        if (out.sizes() != matrices.sizes() || out.scalar_type() != matrices.scalar_type()) {
+          throw TrainingError(
+              fmt::format("optimizer: transform_stack of {} matrices like '{}' returned {} of {}, "
+                          "expected {} of {}",
+                          held.size(), first.name, fmt::join(out.sizes(), "x"), c10::toString(out.scalar_type()),
+                          fmt::join(matrices.sizes(), "x"), c10::toString(matrices.scalar_type())));
+        }
+        for (size_t i = 0; i < held.size(); ++i) transformed.push_back(out[static_cast<int64_t>(i)]);
       }
-      if (!holds) continue;
-      const torch::Tensor transformed = optimizer_->transform(p, direction.view(p.shape), args);
-      if (transformed.numel() != p.numel || transformed.scalar_type() != direction.scalar_type()) {
-        throw TrainingError(fmt::format("optimizer: transform of '{}' returned {} elements of {}, expected {} of {}",
-                                        p.name, transformed.numel(), c10::toString(transformed.scalar_type()), p.numel,
-                                        c10::toString(direction.scalar_type())));
+      for (size_t i = 0; i < held.size(); ++i) {
+        const Held& h = held[i];
+        const ParameterInfo& p = *h.info;
+        if (transformed[i].numel() != p.numel || transformed[i].scalar_type() != h.slice.values.scalar_type()) {
+          throw TrainingError(fmt::format("optimizer: transform of '{}' returned {} elements of {}, expected {} of {}",
+                                          p.name, transformed[i].numel(), c10::toString(transformed[i].scalar_type()),
+                                          p.numel, c10::toString(h.slice.values.scalar_type())));
+        }
+        UpdateSlice s = h.slice;
+        optimizer_->apply(p, s, transformed[i].reshape({-1}).narrow(0, h.begin - p.offset, h.end - h.begin), args);
+        refresh_compute(s);
       }
-      optimizer_->apply(p, s, transformed.reshape({-1}).narrow(0, begin - p.offset, end - begin), args);
-      refresh_compute(s);
     }
   }
 }

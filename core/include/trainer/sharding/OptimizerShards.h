@@ -16,8 +16,12 @@
 // sees the same bits as a single rank would); each holder transforms it and
 // applies its own part. A matrix inside one rank's shard needs no
 // communication, and in a strategy whose every rank updates the whole
-// group (ddp) none does. Parameter order is the same on every rank, so the
-// all-reduces are too.
+// group (ddp) none does. Matrices of one shape are taken in stacks of the
+// optimizer's stack_size(): the whole-matrix parameters of every group, in
+// order of first appearance of each shape, cut into runs of that many; each
+// rank stacks the ones it holds of a run (zeros fill the rest) and
+// transforms them at once. The runs and the all-reduces inside them follow
+// the parameter order, the same on every rank.
 #pragma once
 
 #include <cstdint>
