@@ -5,7 +5,9 @@ attention, the model and the loss under torch.compile) trained on the same
 ragged prompt/completion records packed by DataCollatorWithFlattening: the
 documents of a step (each truncated to --seq tokens, as the trainer's
 dataset.long_documents = "truncate") flattened into one row of at most
---micro-batch x --seq tokens, position ids restarting per document (which
+--micro-batch x --seq tokens (filled up to exactly that by one more
+document of padding without labels: every step has one shape, so the
+compiled graph is built once), position ids restarting per document (which
 transformers turns into a block-diagonal mask), labels -100 on the prompt
 and at each document's first token: completion-only loss, as the trainer's.
 
@@ -71,8 +73,18 @@ def main():
     eos = tokenizer.token_to_id(json.load(open(f"{args.tokenizer}/tokenizer_config.json"))["eos_token"])
     collate = DataCollatorWithFlattening(return_tensors="pt", return_position_ids=True)
     batches = []
+    budget = args.micro_batch * args.seq
     for step in steps_of(args, documents(args, tokenizer, eos)):
-        batches.append((collate(step), len(step)))
+        batch = collate(step)
+        # One shape for every step (a compiled graph, no recompiles): the row
+        # is filled up to the budget by one more "document" of padding, its
+        # own positions, no labels.
+        short = budget - batch["input_ids"].shape[1]
+        if short > 0:
+            batch["input_ids"] = torch.cat([batch["input_ids"], torch.full((1, short), eos)], 1)
+            batch["labels"] = torch.cat([batch["labels"], torch.full((1, short), -100)], 1)
+            batch["position_ids"] = torch.cat([batch["position_ids"], torch.arange(short).unsqueeze(0)], 1)
+        batches.append((batch, len(step), budget - short))
         if len(batches) == args.steps:
             break
 
@@ -81,14 +93,14 @@ def main():
     model = Qwen2ForCausalLM(config).cuda().train()
 
     # The peer masks documents: the first step's packed loss sum against its documents alone.
-    first, count = batches[0]
+    first, count, _ = batches[0]
     with torch.no_grad():
         ids, pos, labels = (first[k].cuda() for k in ("input_ids", "position_ids", "labels"))
         logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0, :-1]
         packed = torch.nn.functional.cross_entropy(logits.double(), labels[0, 1:], reduction="sum")
         alone = 0.0
         starts = (pos[0] == 0).nonzero().flatten().tolist() + [ids.shape[1]]
-        for begin, end in zip(starts[:-1], starts[1:]):
+        for begin, end in list(zip(starts[:-1], starts[1:]))[:count]:  # not the padding
             l = model(input_ids=ids[:, begin:end], use_cache=False).logits[0, :-1]
             alone += torch.nn.functional.cross_entropy(l.double(), labels[0, begin + 1:end], reduction="sum").item()
         print(f"check: packed loss sum {packed.item():.6f}, documents alone {alone:.6f}, "
@@ -102,9 +114,9 @@ def main():
         return torch.nn.functional.cross_entropy(logits.float()[0, :-1], labels[0, 1:])
 
     if not args.no_compile:
-        loss_of = torch.compile(loss_of, dynamic=True)
+        loss_of = torch.compile(loss_of, dynamic=False)
     targets = inputs = docs = 0
-    for step, (batch, count) in enumerate(batches):
+    for step, (batch, count, used) in enumerate(batches):
         if step == args.warmup:
             torch.cuda.synchronize()
             start = time.perf_counter()
@@ -116,7 +128,7 @@ def main():
         optimizer.zero_grad(set_to_none=True)
         if step >= args.warmup:
             targets += int((batch["labels"][0, 1:] != -100).sum())
-            inputs += batch["input_ids"].shape[1]
+            inputs += used
             docs += count
         if step % 5 == 0:
             print(f"step {step + 1}: loss {loss.item():.4f}", file=sys.stderr)
