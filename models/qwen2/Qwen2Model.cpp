@@ -145,15 +145,17 @@ class Qwen2Model final : public Model {
   bool separates_documents() const override { return true; }
 
   // Per input token: 6 N for the blocks' matrices (the embedding is a
-  // lookup; norms and biases left out) plus attention's 12 L H T (PaLM,
-  // appendix B: no causal halving, the field's convention). Per target
-  // token: the head's 6 V H, since the fused head computes logits for
-  // target rows only.
-  TrainingFlops training_flops(int64_t seq_len) const override {
+  // lookup; norms and biases left out). Per attended pair: attention's 12 L
+  // H (PaLM, appendix B: a token attending over T positions costs 12 L H T,
+  // no causal halving, the field's convention), so a full window of T
+  // costs 12 L H T per token as before and a packed window its documents'
+  // own lengths. Per target token: the head's 6 V H, since the fused head
+  // computes logits for target rows only.
+  TrainingFlops training_flops() const override {
     const Config& c = config_;
     const double h = c.hidden_size, kv = static_cast<double>(c.num_kv_heads * c.head_dim());
     const double per_layer = 2 * h * h + 2 * h * kv + 3 * h * c.intermediate_size;
-    return {6 * c.num_layers * per_layer + 12.0 * c.num_layers * h * seq_len, 6.0 * c.vocab_size * h};
+    return {6 * c.num_layers * per_layer, 6.0 * c.vocab_size * h, 12.0 * c.num_layers * h};
   }
 
   std::string hf_config() const override {

@@ -124,21 +124,35 @@ TEST(Cli, CsvLoggerWritesTheJsonlColumnsAndSurvivesResume) {
 // input tokens over the step's time; MFU is the FLOPs the step executes
 // over its time and the given peak, with the FLOPs counted here from the
 // quickstart shape by enumerating each token's matmuls (the head's only for
-// target tokens: the fused head computes logits for target rows alone),
-// and mfu_datasheet the same over run.datasheet_tflops; the CPU reports
-// its resident set, not CUDA memory.
+// target tokens: the fused head computes logits for target rows alone) and
+// attention's products over each sample's own positions (records of known
+// lengths, every one in every step), and mfu_datasheet the same over
+// run.datasheet_tflops; the CPU reports its resident set, not CUDA memory.
 TEST(Cli, MetricsCarryThroughputMfuDataTimeAndMemory) {
   const std::string dir = scratch_dir("CliMetrics");
+  const std::vector<int> lengths = {33, 20, 10, 5, 2, 17, 33, 8};  // tokens per record; a window holds 33
+  std::string records_text;
+  double inputs = 0, pairs = 0;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    Json prompt = Json::array(), completion = Json::array();
+    for (int i = 0; i < lengths[r]; ++i)
+      (i < 1 + static_cast<int>(r % 3) && i + 1 < lengths[r] ? prompt : completion).push_back((7 * i + r) % 63 + 1);
+    records_text += Json{{"prompt_ids", prompt}, {"completion_ids", completion}}.dump() + "\n";
+    inputs += lengths[r] - 1;                                         // the last token is no input
+    pairs += static_cast<double>(lengths[r] - 1) * (lengths[r] - 1);  // each input attends over its sample's inputs
+  }
+  write_file(dir + "/records.jsonl", records_text);
   const std::string recipe =
       write_file(dir + "/recipe.toml", read_file(kQuickstart) + "\n[[logger]]\nname = 'jsonl'\n");
   const CommandResult run = trainer("run " + recipe + " --set run.output_dir=" + dir +
                                     "/run --set training.steps=3 --set run.peak_tflops=0.25 --set logger.0.interval=1 "
-                                    "--set run.datasheet_tflops=0.5");
+                                    "--set run.datasheet_tflops=0.5 --set dataset.name=jsonl --set dataset.path=" +
+                                    dir + "/records.jsonl --set dataset.shuffle=false");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_TRUE(contains(run, "MFU ")) << run.output;
   EXPECT_TRUE(contains(run, " GiB")) << run.output;
   // Multiply-adds of one token's forward: hidden 64, 4 heads and 2 key/value
-  // heads of 16, intermediate 128, 2 layers, vocab 64, seq 32.
+  // heads of 16, intermediate 128, 2 layers, vocab 64.
   struct Matmul {
     double in, out;
   };
@@ -146,16 +160,18 @@ TEST(Cli, MetricsCarryThroughputMfuDataTimeAndMemory) {
                           {64, 128}, {64, 128}, {128, 64}};          // gate, up, down
   double layer_macs = 0;
   for (const Matmul& m : layer) layer_macs += m.in * m.out;
-  const double attention_macs = 32 * 64 + 32 * 64;  // scores against 32 positions, then the weighted values
+  const double pair_macs = 64 + 64;  // per (query, key) pair: its score and its weighted value, 4 heads of 16
   // 2 FLOPs per multiply-add; backward does twice forward's work.
-  const double per_input_token = 3 * 2 * 2 * (layer_macs + attention_macs);
+  const double per_input_token = 3 * 2 * 2 * layer_macs;
+  const double per_pair = 3 * 2 * 2 * pair_macs;
   const double per_target_token = 3 * 2 * (64.0 * 64);  // the head, 64 x vocab 64
   const std::vector<MetricsRow> records = read_metrics(dir + "/run/metrics.jsonl");
   ASSERT_EQ(records.size(), 3u);
   for (const MetricsRow& r : records) {
     const double tps = r.at("input_tokens") / r.at("step_seconds");
     EXPECT_NEAR(r.at("tokens_per_second"), tps, 1e-9 * tps);
-    const double flops = per_input_token * r.at("input_tokens") + per_target_token * r.at("target_tokens");
+    EXPECT_EQ(r.at("input_tokens"), inputs);
+    const double flops = per_input_token * inputs + per_pair * pairs + per_target_token * r.at("target_tokens");
     EXPECT_NEAR(r.at("mfu"), flops / r.at("step_seconds") / 0.25e12, 1e-9 * r.at("mfu"));
     EXPECT_NEAR(r.at("mfu_datasheet"), flops / r.at("step_seconds") / 0.5e12, 1e-9 * r.at("mfu"));
     EXPECT_LT(r.at("target_tokens"), r.at("input_tokens")) << "completion-only loss: the head counts fewer rows";

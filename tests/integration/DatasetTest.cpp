@@ -181,12 +181,26 @@ const char* const kRaggedRecords =
     "{\"prompt_ids\": [5, 5], \"completion_ids\": [6]}\n"
     "{\"prompt_ids\": [9], \"completion_ids\": [13]}\n";
 constexpr int64_t kRaggedCompletionTokens = 3 + 3 + 2 + 3 + 1 + 5 + 1 + 1;
+// Packed into windows of seq_len + 1 = 9 tokens, best fit in file order,
+// the records of 5, 4, 3, 6, 2, 7, 3 and 2 tokens make the windows
+// [5 4], [3 6], [2 7] and [3 2]: 28 input positions (a window's last
+// token is no input), its last document one position short. Attention
+// works over each document's own positions, squared:
+constexpr double kPackedPairs = 5 * 5 + 3 * 3 + 3 * 3 + 5 * 5 + 2 * 2 + 6 * 6 + 3 * 3 + 1 * 1;
+// The FLOPs of recipe()'s qwen2 (hidden 16, intermediate 32, 2 heads of 8,
+// 1 key/value head, 2 layers, vocab 16), enumerated here as multiply-adds,
+// 2 FLOPs each, backward twice forward: per input token the blocks'
+// matrices q, k, v, o, gate, up, down; per target token the head; per
+// attended pair the scores and the weighted values (both heads).
+constexpr double kPerInputToken = 3 * 2 * 2 * (16 * 16 + 16 * 8 + 16 * 8 + 16 * 16 + 16 * 32 + 16 * 32 + 32 * 16);
+constexpr double kPerTargetToken = 3 * 2 * (16 * 16);
+constexpr double kPerPair = 3 * 2 * 2 * (2 * 8 + 2 * 8);
 
 // Packed records train alike at every split of the global batch (sums in
 // other orders: 1e-5, the invariance tests' tolerance) and bit for bit in
 // reproducible mode; every step counts all completion tokens (no target
-// lost or added at a boundary), eight documents and the padding worked out
-// above.
+// lost or added at a boundary), eight documents, the padding worked out
+// above, and MFU over the FLOPs of the documents' own attention.
 TEST(Datasets, PackedRecordsTrainAlikeAtEverySplitAndCountTheirPadding) {
   const std::string dir = scratch_dir("Packed");
   write_file(dir + "/ragged.jsonl", kRaggedRecords);
@@ -199,7 +213,7 @@ TEST(Datasets, PackedRecordsTrainAlikeAtEverySplitAndCountTheirPadding) {
     const std::string split = std::to_string(micro) + "x" + std::to_string(accum) + "x" + std::to_string(world);
     const std::string args = " --set training.steps=3 --set training.micro_batch_size=" + std::to_string(micro) +
                              " --set training.grad_accum_steps=" + std::to_string(accum) + " --nproc " +
-                             std::to_string(world);
+                             std::to_string(world) + " --set run.peak_tflops=0.001";
     const std::string out = dir + "/run_" + split;
     const auto result = trainer("run " + file + args + " --set run.output_dir=" + out);
     ASSERT_EQ(result.exit_code, 0) << split << "\n" << result.output;
@@ -209,6 +223,8 @@ TEST(Datasets, PackedRecordsTrainAlikeAtEverySplitAndCountTheirPadding) {
       EXPECT_EQ(row.at("documents"), 8) << split;
       EXPECT_EQ(row.at("input_tokens"), 28) << split;
       EXPECT_DOUBLE_EQ(row.at("pad_fraction"), 4.0 / 32.0) << split;
+      const double flops = kPerInputToken * 28 + kPerTargetToken * kRaggedCompletionTokens + kPerPair * kPackedPairs;
+      EXPECT_NEAR(row.at("mfu"), flops / row.at("step_seconds") / (1e9 * world), 1e-9 * row.at("mfu")) << split;
     }
     if (micro == 1) {  // two splits in reproducible mode: one weight hash
       const std::string exact = dir + "/exact_" + split;

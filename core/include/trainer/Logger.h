@@ -21,11 +21,12 @@ struct RunInfo {
   int64_t seq_len = 0;  ///< input positions per sample
   int world_size = 1;
   std::string strategy;
-  int64_t parameters = 0;               ///< model parameter count
-  double flops_per_input_token = 0.0;   ///< training FLOPs the model reports per input token; 0: unknown
-  double flops_per_target_token = 0.0;  ///< and per target token (e.g. the head's logits, for targets only)
-  double peak_flops = 0.0;              ///< measured (or run.peak_tflops) FLOP/s per rank: `mfu`'s; 0: unknown
-  double datasheet_flops = 0.0;         ///< the device's datasheet dense peak per rank: `mfu_datasheet`'s; 0: unknown
+  int64_t parameters = 0;                ///< model parameter count
+  double flops_per_input_token = 0.0;    ///< training FLOPs the model reports per input token; 0: unknown
+  double flops_per_target_token = 0.0;   ///< and per target token (e.g. the head's logits, for targets only)
+  double flops_per_attended_pair = 0.0;  ///< and per attended (query, key) pair within a document (attention)
+  double peak_flops = 0.0;               ///< measured (or run.peak_tflops) FLOP/s per rank: `mfu`'s; 0: unknown
+  double datasheet_flops = 0.0;          ///< the device's datasheet dense peak per rank: `mfu_datasheet`'s; 0: unknown
 };
 
 /// One optimizer step. `loss` is (sum of token losses in the global batch) /
@@ -45,8 +46,9 @@ struct StepRecord {
   bool skipped = false;            ///< no update applied (no target tokens, or non-finite gradient)
   double tokens_per_second = 0.0;  ///< input_tokens / step_seconds, all ranks together
   /// The step's FLOPs (flops_per_input_token x input_tokens +
-  /// flops_per_target_token x target_tokens) / step_seconds / (peak_flops x
-  /// world size); NaN when unknown.
+  /// flops_per_target_token x target_tokens + flops_per_attended_pair x
+  /// the sum over the batch's documents of their input positions squared)
+  /// / step_seconds / (peak_flops x world size); NaN when unknown.
   double mfu = 0.0;
   /// The same over datasheet_flops (the field's convention: e.g. 989
   /// TFLOP/s bf16 for an H200); NaN when unknown.

@@ -47,10 +47,16 @@ struct LossSum {
 };
 
 /// What a step's forward and backward cost: per input token (every
-/// position the model runs) plus per target token (positions with a label).
+/// position the model runs), per target token (positions with a label),
+/// and per attended pair: attention's work for one (query, key) pair of
+/// positions of one document (or unpacked sample), counted over every pair,
+/// not halved for causality (the field's convention). A document of d
+/// input positions has d^2 pairs: a packed window costs the sum of its
+/// documents' squares, not its length squared.
 struct TrainingFlops {
   double per_input_token = 0.0;
   double per_target_token = 0.0;
+  double per_attended_pair = 0.0;
 };
 
 /// Parameters that run together in forward: the embedding, one block, the
@@ -97,14 +103,11 @@ class Model : public Component {
   /// The model's Hugging Face config.json, for exporting weights; "" when
   /// the model has no Hugging Face equivalent.
   virtual std::string hf_config() const { return ""; }
-  /// Training FLOPs (forward and backward) the model executes at sequence
-  /// length `seq_len`, for MFU in the metrics: per input token, and per
-  /// target token for work done only for targets (a head that computes
-  /// logits for target rows alone). Zeros when unknown.
-  virtual TrainingFlops training_flops(int64_t seq_len) const {
-    (void)seq_len;
-    return {};
-  }
+  /// Training FLOPs (forward and backward) the model executes, for MFU in
+  /// the metrics: per input token, per target token for work done only for
+  /// targets (a head that computes logits for target rows alone), and per
+  /// attended pair (TrainingFlops). Zeros when unknown.
+  virtual TrainingFlops training_flops() const { return {}; }
 
   /// true when forward() honours Batch::position_ids and document_ids
   /// (attention within a document, positions from its start): a packing

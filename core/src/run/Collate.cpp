@@ -1,6 +1,8 @@
 // Collating a micro-batch (see Collate.h).
 #include "run/Collate.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "trainer/Errors.h"
@@ -81,6 +83,12 @@ MicroBatch collate(const Dataset& dataset, const std::string& dataset_name, cons
     }
     micro.input_tokens += n - 1;
     micro.documents += starts.empty() ? 1 : static_cast<int64_t>(starts.size());
+    // Document d's input positions: [starts[d], starts[d + 1]), the last one's up to n - 1.
+    for (size_t d = 0; d < std::max<size_t>(1, starts.size()); ++d) {
+      const int64_t begin = starts.empty() ? 0 : starts[d];
+      const int64_t end = d + 1 < starts.size() ? starts[d + 1] : n - 1;
+      micro.attended_pairs += (end - begin) * (end - begin);
+    }
   }
   // Pinned host memory lets the copies run asynchronously with the GPU's work.
   const bool pinned = device.is_cuda();

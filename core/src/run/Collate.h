@@ -15,8 +15,9 @@ namespace trainer {
 
 struct MicroBatch {
   Batch batch;
-  int64_t input_tokens = 0;  ///< non-padding input positions
-  int64_t documents = 0;     ///< documents in its samples (one per sample unless packed)
+  int64_t input_tokens = 0;    ///< non-padding input positions
+  int64_t documents = 0;       ///< documents in its samples (one per sample unless packed)
+  int64_t attended_pairs = 0;  ///< sum over those documents of their input positions squared
 };
 
 /// The dataset's samples `indices`, padded to seq_len, with labels

@@ -139,9 +139,10 @@ RunInfo describe_run(const RunConfig& config, const RunParts& run) {
   info.world_size = config.shape.world_size;
   info.strategy = run.strategy_name;
   info.parameters = run.parameter_count;
-  const TrainingFlops flops = run.model->training_flops(run.dataset->seq_len());
+  const TrainingFlops flops = run.model->training_flops();
   info.flops_per_input_token = flops.per_input_token;
   info.flops_per_target_token = flops.per_target_token;
+  info.flops_per_attended_pair = flops.per_attended_pair;
   info.peak_flops = config.peak_tflops * 1e12;
   info.datasheet_flops = config.datasheet_tflops * 1e12;
   if (info.datasheet_flops == 0.0 && run.device.is_cuda()) {

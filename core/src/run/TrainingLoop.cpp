@@ -131,6 +131,7 @@ struct StepOutcome {
   int64_t samples = 0;
   int64_t input_tokens = 0;
   int64_t documents = 0;
+  int64_t attended_pairs = 0;
   bool skipped = false;
   double data_seconds = 0.0;
 };
@@ -183,19 +184,21 @@ StepOutcome optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const Upd
       collate_window(run, sampler.global_batch(step, shape.global_batch_size()));
   StepOutcome outcome;
   outcome.data_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  int64_t local_counts[3] = {0, 0, 0};
+  int64_t local_counts[4] = {0, 0, 0, 0};
   for (const MicroBatch& micro : micro_batches) {
     local_counts[0] += micro.batch.target_tokens;
     local_counts[1] += micro.input_tokens;
     local_counts[2] += micro.documents;
+    local_counts[3] += micro.attended_pairs;
   }
   // Counted on the host; only several ranks need a collective (and a sync).
   if (comm.world_size() > 1) {
     torch::Tensor counts =
-        torch::tensor({local_counts[0], local_counts[1], local_counts[2]}, torch::kInt64).to(run.device);
+        torch::tensor({local_counts[0], local_counts[1], local_counts[2], local_counts[3]}, torch::kInt64)
+            .to(run.device);
     comm.all_reduce_sum(counts);
     const torch::Tensor summed = counts.cpu();
-    for (int i = 0; i < 3; ++i) local_counts[i] = summed[i].item<int64_t>();
+    for (int i = 0; i < 4; ++i) local_counts[i] = summed[i].item<int64_t>();
   }
   const int64_t target_tokens = local_counts[0];
 
@@ -205,6 +208,7 @@ StepOutcome optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const Upd
   outcome.samples = shape.global_batch_size();
   outcome.input_tokens = local_counts[1];
   outcome.documents = local_counts[2];
+  outcome.attended_pairs = local_counts[3];
   if (target_tokens == 0) {  // contract, point 7: skip, never divide by zero
     log::warn(fmt::format("step {}: the global batch has no target tokens; update skipped", step + 1));
     outcome.skipped = true;
@@ -263,7 +267,8 @@ StepRecord step_record(const StepOutcome& outcome, double step_seconds, double e
   record.elapsed_seconds = elapsed_seconds;
   record.tokens_per_second = step_seconds > 0 ? outcome.input_tokens / step_seconds : 0.0;
   const double flops = info.flops_per_input_token * static_cast<double>(outcome.input_tokens) +
-                       info.flops_per_target_token * static_cast<double>(outcome.target_tokens);
+                       info.flops_per_target_token * static_cast<double>(outcome.target_tokens) +
+                       info.flops_per_attended_pair * static_cast<double>(outcome.attended_pairs);
   const auto utilisation = [&](double peak) {
     return flops > 0 && peak > 0 && step_seconds > 0 ? flops / step_seconds / (peak * info.world_size)
                                                      : std::numeric_limits<double>::quiet_NaN();

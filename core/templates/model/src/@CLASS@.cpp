@@ -55,7 +55,7 @@ class @CLASS@ final : public Model {
   }
 
   // The output matrix's forward and backward: 6 FLOPs per weight per token.
-  TrainingFlops training_flops(int64_t) const override {
+  TrainingFlops training_flops() const override {
     return {6.0 * static_cast<double>(vocab_size_ * hidden_size_), 0.0};  // logits at every position
   }
 
