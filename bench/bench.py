@@ -4,6 +4,8 @@
 Shapes (random init, tied embeddings, vocab 151936):
   0.5b  Qwen2-0.5B: hidden 896, 24 layers, 14 heads, 2 key/value heads, intermediate 4864
   3b    hidden 2048, 36 layers, 16 heads, 2 key/value heads, intermediate 11008
+  8b    Llama-3-8B: hidden 4096, 32 layers, 32 heads, 8 key/value heads, intermediate 14336,
+        vocab 128256, untied, rope theta 500000, no q/k/v biases (the peer: LlamaForCausalLM)
 Batch: micro-batch 4 x sequence 2048 random tokens, no accumulation.
 Precision: bf16 compute, fp32 master weights, fp32 gradients and AdamW state
 (trainer's training.precision = "bf16"; Hugging Face: fp32 parameters under
@@ -54,7 +56,12 @@ SHAPES = {
                  num_key_value_heads=2, **COMMON),
     "3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
                num_key_value_heads=2, **COMMON),
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5,
+               tie_word_embeddings=False, max_position_embeddings=8192, attention_bias=False),
 }
+# The Hugging Face class of each shape: Qwen2's q/k/v carry biases, Llama's do not.
+FAMILY = {"0.5b": "Qwen2", "3b": "Qwen2", "8b": "Llama"}
 
 
 def matmul_rate():
@@ -77,11 +84,14 @@ def matmul_rate():
 
 
 def flops_per_token(config, seq):
-    """6 N for the weights (embedding counted once: tied) plus attention's 12 L H T (PaLM, appendix B)."""
+    """6 N for the weights plus attention's 12 L H T (PaLM, appendix B). N counts the head's vocab x hidden
+    once: a tied embedding is that matrix, an untied one is a lookup (no FLOPs). Returns the FLOPs per token
+    and the parameter count (an untied embedding's matrix included)."""
     h, kv = config["hidden_size"], config["num_key_value_heads"] * config["hidden_size"] // config["num_attention_heads"]
     per_layer = h * h * 2 + h * kv * 2 + 3 * h * config["intermediate_size"]
     n = config["num_hidden_layers"] * per_layer + config["vocab_size"] * h
-    return 6 * n + 12 * config["num_hidden_layers"] * h * seq, n
+    untied = 0 if config["tie_word_embeddings"] else config["vocab_size"] * h
+    return 6 * n + 12 * config["num_hidden_layers"] * h * seq, n + untied
 
 
 class PeakMemory:
@@ -162,10 +172,12 @@ interval = 5
 
 HUGGING_FACE = r"""
 import sys, time, torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
-config = Qwen2Config(**CONFIG, attn_implementation="sdpa")
+from transformers import FAMILYConfig as Config, FAMILYForCausalLM as ForCausalLM
+config = Config(**CONFIG, attn_implementation="sdpa")
 torch.manual_seed(0)
-model = Qwen2ForCausalLM(config).cuda().train()
+model = ForCausalLM(config).cuda().train()
+if CHECKPOINTING:
+    model.gradient_checkpointing_enable()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=FUSED)
 tokens = torch.randint(0, config.vocab_size, (STEPS, MICRO, SEQ + 1), device="cuda")
 
@@ -203,7 +215,8 @@ def run_hugging_face(args, config, name, fused, compiled, mode=None):
     code = (HUGGING_FACE.replace("CONFIG", repr(config)).replace("STEPS", str(args.steps))
             .replace("MICRO", str(args.micro_batch)).replace("SEQ", str(args.seq)).replace("WARMUP", str(args.warmup))
             .replace("FUSED", str(fused)).replace("COMPILE", str(compiled)).replace("MODE", repr(mode))
-            .replace("NAME", name)
+            .replace("NAME", name).replace("FAMILY", FAMILY[args.shape])
+            .replace("CHECKPOINTING", str(args.hf_checkpointing))
             .replace("PROFILE_PATH", repr(os.path.join(args.profile, f"{name}.json") if args.profile else "")))
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
     memory = PeakMemory(process.pid)
@@ -228,6 +241,8 @@ def main():
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--json", help="also write the table here")
+    parser.add_argument("--hf-checkpointing", action="store_true",
+                        help="Hugging Face arms with gradient checkpointing (the trainer's: an arm's override)")
     parser.add_argument("--profile", help="write a Chrome trace of two steps of every arm into this directory")
     args = parser.parse_args()
     if args.profile:
@@ -253,7 +268,7 @@ def main():
         else:
             name, _, overrides = arm.partition("=")
             results[f"trainer {name}"] = run_trainer(args, config, work, name, "ddp", overrides.split(";"))
-    print(f"\nQwen2 {args.shape} shape: {params / 1e9:.3f}B parameters, bf16, micro-batch {args.micro_batch} x "
+    print(f"\n{FAMILY[args.shape]} {args.shape} shape: {params / 1e9:.3f}B parameters, bf16, micro-batch {args.micro_batch} x "
           f"{args.seq} tokens, {torch.cuda.get_device_name()}, measured bf16 matmul {peak / 1e12:.0f} TFLOP/s")
     # The peer: the faster of the compiled Hugging Face arms.
     peers = [r for n, r in results.items() if n in ("compile-fused", "compile-autotune") and r is not None]

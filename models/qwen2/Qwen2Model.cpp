@@ -129,10 +129,12 @@ class Qwen2Model final : public Model {
     const int64_t rows = batch.input_ids.numel();
     // The head and the loss in one op: no full logits, the loss *sum*.
     const Tensor loss_sum =
-        run(batch.input_ids, Documents{batch.position_ids, batch.document_ids}, [&](const Tensor& x) {
-          return ops::linear_cross_entropy_sum(x.reshape({rows, config_.hidden_size}), lm_head_,
-                                               batch.labels.reshape({rows}), /*chunk_rows=*/0, batch.target_tokens);
-        });
+        run(batch.input_ids,
+            Documents{batch.position_ids, {batch.document_ids, batch.document_offsets, batch.longest_document}},
+            [&](const Tensor& x) {
+              return ops::linear_cross_entropy_sum(x.reshape({rows, config_.hidden_size}), lm_head_,
+                                                   batch.labels.reshape({rows}), /*chunk_rows=*/0, batch.target_tokens);
+            });
     return LossSum{loss_sum, batch.target_tokens};
   }
 
@@ -197,9 +199,10 @@ class Qwen2Model final : public Model {
   // Embedding, blocks, final norm, then `head` on the normed hidden states.
   // Units: the embedding, each block, the head. Tied embeddings put the head
   // into the embedding's unit, which then stays entered until the end.
-  // Batch::position_ids and document_ids; both undefined for unpacked rows.
+  // Batch::position_ids and the documents' layout; undefined for unpacked rows.
   struct Documents {
-    Tensor positions, ids;
+    Tensor positions;
+    ops::DocumentLayout layout;
   };
 
   Tensor run(const Tensor& input_ids, const Documents& documents, const std::function<Tensor(const Tensor&)>& head) {
@@ -214,12 +217,10 @@ class Qwen2Model final : public Model {
     const ops::RotaryTables tables = documents.positions.defined()
                                          ? rotary_tables(input_ids.size(1), x).at_positions(documents.positions)
                                          : rotary_tables(input_ids.size(1), x);
-    const Tensor document_ids = documents.ids;
+    const ops::DocumentLayout layout = documents.layout;
     for (size_t i = 0; i < layers_.size(); ++i) {
       enter_unit(i + 1);
-      auto step = [this, i, tables, document_ids](const Tensor& input) {
-        return block(layers_[i], tables, document_ids, input);
-      };
+      auto step = [this, i, tables, layout](const Tensor& input) { return block(layers_[i], tables, layout, input); };
       x = checkpointing_ ? ops::recompute(step, x) : step(x);
       x = leave_unit(i + 1, x);
     }
@@ -235,7 +236,8 @@ class Qwen2Model final : public Model {
   // backward but recomputed from their inputs (linear_of), which are kept
   // anyway: per token and layer that saves 2 hidden + 1 intermediate width
   // of activations for three elementwise passes.
-  Tensor block(const Layer& l, const ops::RotaryTables& tables, const Tensor& document_ids, const Tensor& x) const {
+  Tensor block(const Layer& l, const ops::RotaryTables& tables, const ops::DocumentLayout& documents,
+               const Tensor& x) const {
     const Config& c = config_;
     const int64_t b = x.size(0), t = x.size(1);
     const double eps = c.rms_norm_eps;
@@ -248,7 +250,7 @@ class Qwen2Model final : public Model {
     const Tensor qkv = ops::linear_of(norm, x, {l.input_norm}, {l.q_weight, l.k_weight, l.v_weight}, qkv_biases);
     const ops::QkvHeads heads = ops::split_qkv_rotary(qkv, c.num_heads, c.num_kv_heads, tables);
     const Tensor attention = ops::document_causal_attention(heads.q.transpose(1, 2), heads.k.transpose(1, 2),
-                                                            heads.v.transpose(1, 2), document_ids)
+                                                            heads.v.transpose(1, 2), documents)
                                  .transpose(1, 2)
                                  .reshape({b, t, c.hidden_size});
     const Tensor y = x + ops::linear(attention, {l.o_weight});

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/cuda.h>
 
 #include "gpu/GpuTestSupport.h"
@@ -122,6 +123,63 @@ TEST(OpsGpu, DocumentAttentionMatchesTheCpuPath) {
           q, k.to(q.device(), dtype), v.to(q.device(), dtype), documents.to(q.device()))};
     });
   }
+}
+
+// Packed documents through the variable-length flash kernel (bf16, grouped
+// k/v heads read in place) against the masked path in fp32 on the same GPU:
+// values and the gradients of q, k and v. Rows with several documents, a
+// row that is one document, a one-token document; seq not a multiple of
+// the kernel's tiles. Tolerance: bf16 inputs and output (2^-9 relative each)
+// through a softmax and two products, as tolerance(kBFloat16) allows.
+TEST(OpsGpu, VariableLengthAttentionMatchesTheMaskedPath) {
+  REQUIRE_CUDA();
+  torch::manual_seed(4);
+  const int64_t b = 3, heads = 14, kv = 2, t = 150, d = 64;
+  const torch::Tensor ids = torch::cat({torch::full({70}, 0), torch::full({1}, 1), torch::full({79}, 2),
+                                        torch::full({150}, 0), torch::full({40}, 0), torch::full({110}, 1)})
+                                .view({b, t})
+                                .to(torch::kInt64);
+  const ops::DocumentLayout layout = ops::document_layout(ids);
+  ASSERT_EQ(layout.offsets.size(0), 7);
+  const auto leaf = [](const torch::Tensor& x, torch::Dtype dtype) {
+    return x.to(kCuda, dtype).detach().set_requires_grad(true);
+  };
+  // Heads split from [batch, seq, heads, dim], as the models do.
+  const torch::Tensor q0 = torch::randn({b, t, heads, d}), k0 = torch::randn({b, t, kv, d}),
+                      v0 = torch::randn({b, t, kv, d}), g = torch::randn({b, heads, t, d});
+  const torch::Tensor q = leaf(q0, torch::kBFloat16), k = leaf(k0, torch::kBFloat16), v = leaf(v0, torch::kBFloat16);
+  const torch::Tensor out =
+      ops::document_causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                     ops::DocumentLayout{ids.to(kCuda), layout.offsets.to(kCuda), layout.longest});
+  const torch::Tensor q32 = leaf(q0.to(torch::kBFloat16), torch::kFloat32),
+                      k32 = leaf(k0.to(torch::kBFloat16), torch::kFloat32),
+                      v32 = leaf(v0.to(torch::kBFloat16), torch::kFloat32);
+  const torch::Tensor reference =
+      ops::document_causal_attention(q32.transpose(1, 2), k32.transpose(1, 2), v32.transpose(1, 2), ids.to(kCuda));
+  ASSERT_EQ(out.sizes(), reference.sizes());
+  EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
+  // The variable-length kernel ran (not the mask): its node lies a few views below the output.
+  bool flash = false;
+  std::vector<torch::autograd::Node*> nodes = {out.grad_fn().get()};
+  for (int depth = 0; depth < 6 && !flash; ++depth) {
+    std::vector<torch::autograd::Node*> next;
+    for (torch::autograd::Node* node : nodes) {
+      if (node == nullptr) continue;
+      flash = flash || node->name().find("FlashAttention") != std::string::npos;
+      for (const auto& edge : node->next_edges()) next.push_back(edge.function.get());
+    }
+    nodes = next;
+  }
+  EXPECT_TRUE(flash) << "the output's graph has no flash attention node: " << out.grad_fn()->name();
+  EXPECT_LT(relative_error(out, reference), tolerance(torch::kBFloat16));
+  out.backward(g.to(kCuda, torch::kBFloat16));
+  reference.backward(g.to(kCuda, torch::kBFloat16).to(torch::kFloat32));
+  EXPECT_LT(relative_error(q.grad(), q32.grad()), tolerance(torch::kBFloat16)) << "q";
+  EXPECT_LT(relative_error(k.grad(), k32.grad()), tolerance(torch::kBFloat16)) << "k";
+  EXPECT_LT(relative_error(v.grad(), v32.grad()), tolerance(torch::kBFloat16)) << "v";
+  // The documents matter: plain causal attention over the rows differs.
+  const torch::Tensor causal = ops::causal_attention(q32.transpose(1, 2), k32.transpose(1, 2), v32.transpose(1, 2));
+  EXPECT_GT(relative_error(causal, reference), 0.1);
 }
 
 TEST(OpsGpu, SwiGluKernelMatchesTheCpuPath) {

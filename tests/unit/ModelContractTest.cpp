@@ -133,6 +133,10 @@ TEST(Collate, APackedWindowCarriesPositionsDocumentsAndNoCrossingLabel) {
             (std::vector<int64_t>{2, 3, kIgnoreIndex, 12, 13, 14, kIgnoreIndex, kIgnoreIndex}));
   EXPECT_EQ(row(micro.batch.position_ids), (std::vector<int64_t>{0, 1, 2, 0, 1, 2, 0, 1}));
   EXPECT_EQ(row(micro.batch.document_ids), (std::vector<int64_t>{0, 0, 0, 1, 1, 1, 2, 2}));
+  // The same documents as a variable-length kernel takes them.
+  ASSERT_EQ(micro.batch.document_offsets.scalar_type(), torch::kInt32);
+  EXPECT_EQ(row(micro.batch.document_offsets.to(torch::kInt64)), (std::vector<int64_t>{0, 3, 6, 8}));
+  EXPECT_EQ(micro.batch.longest_document, 3);
   EXPECT_EQ(micro.batch.target_tokens, 5);
   EXPECT_EQ(micro.input_tokens, 6);
   EXPECT_EQ(micro.documents, 2);

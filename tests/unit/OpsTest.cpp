@@ -227,6 +227,25 @@ TEST(Ops, PerTokenRotaryTablesRestartPositionsAtEachDocument) {
   }
 }
 
+// The layout a variable-length kernel takes, worked by hand: each row's
+// documents (a change of number, or a new row, starts one) laid end to end.
+TEST(Ops, DocumentLayoutLaysEachRowsDocumentsEndToEnd) {
+  // Row 1 starts with document 0 again, and its single document runs to the
+  // end: 3 + 2 + 3 + 6 + 2 positions.
+  const torch::Tensor ids = torch::tensor({0, 0, 0, 1, 1, 2, 2, 2, 0, 0, 0, 0, 0, 0, 1, 1}, torch::kInt64).view({2, 8});
+  const ops::DocumentLayout layout = ops::document_layout(ids);
+  ASSERT_EQ(layout.offsets.scalar_type(), torch::kInt32);
+  const torch::Tensor offsets = layout.offsets.to(torch::kInt64);
+  EXPECT_EQ(std::vector<int64_t>(offsets.data_ptr<int64_t>(), offsets.data_ptr<int64_t>() + offsets.numel()),
+            (std::vector<int64_t>{0, 3, 5, 8, 14, 16}));
+  EXPECT_EQ(layout.longest, 6);
+  EXPECT_TRUE(layout.ids.equal(ids));
+  // One document per row: rows are documents of their own even with equal numbers.
+  const ops::DocumentLayout rows = ops::document_layout(torch::zeros({3, 5}, torch::kInt64));
+  EXPECT_TRUE(rows.offsets.equal(torch::tensor({0, 5, 10, 15}, torch::kInt32)));
+  EXPECT_EQ(rows.longest, 5);
+}
+
 // Attention within documents against softmax attention written out per
 // document in fp64 (each document's causal attention over its own keys,
 // grouped k/v heads repeated).
@@ -252,6 +271,8 @@ TEST(Ops, DocumentAttentionIsCausalAttentionWithinEachDocument) {
     }
   }
   EXPECT_LT(relative_error(out, expected), kFp64);
+  // With the layout's offsets: the same (off CUDA the offsets take no other path).
+  EXPECT_TRUE(ops::document_causal_attention(q, k, v, ops::document_layout(documents)).equal(out));
   // Undefined document ids: causal attention over the whole row.
   EXPECT_TRUE(
       torch::allclose(ops::document_causal_attention(q, k, v, torch::Tensor()), ops::causal_attention(q, k, v)));

@@ -36,6 +36,13 @@ struct Batch {
   /// another only within one document.
   torch::Tensor position_ids;
   torch::Tensor document_ids;
+  /// Packed samples only, the same documents as a variable-length attention
+  /// kernel takes them: where each document (padding included) starts in
+  /// the rows laid end to end, int32 [documents + 1] from 0 to batch * seq,
+  /// on the run's device; and the longest one's length. Optional: a model
+  /// given document_ids without them masks instead (same result, slower).
+  torch::Tensor document_offsets;
+  int64_t longest_document = 0;
 };
 
 inline constexpr int64_t kIgnoreIndex = -100;

@@ -1,10 +1,13 @@
 // Causal attention: LibTorch's fused SDPA kernels on 2.x, the explicit
-// softmax form on 1.13 (which has none).
+// softmax form on 1.13 (which has none); packed documents through the
+// variable-length flash kernel on CUDA, a block-diagonal mask elsewhere.
 #include "trainer/ops/Attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <vector>
 
 #include <fmt/format.h>
 #include <torch/version.h>
@@ -59,6 +62,71 @@ torch::Tensor document_causal_mask(const torch::Tensor& document_ids) {
   const torch::Tensor causal =
       torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool).device(document_ids.device())).tril();
   return same.logical_and(causal).unsqueeze(1);
+}
+
+DocumentLayout document_layout(const torch::Tensor& document_ids) {
+  TORCH_CHECK(document_ids.dim() == 2, "document_layout: document_ids must be [batch, seq]");
+  const torch::Tensor ids = document_ids.to(torch::kCPU, torch::kInt64).contiguous();
+  const int64_t rows = ids.size(0), seq = ids.size(1);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  std::vector<int32_t> offsets;
+  int64_t longest = 0;
+  TORCH_CHECK(rows * seq <= std::numeric_limits<int32_t>::max(), "document_layout: ", rows * seq,
+              " positions exceed int32 offsets");
+  for (int64_t i = 0; i < rows * seq; ++i) {
+    if (i % seq == 0 || id[i] != id[i - 1]) {
+      if (!offsets.empty()) longest = std::max<int64_t>(longest, i - offsets.back());
+      offsets.push_back(static_cast<int32_t>(i));
+    }
+  }
+  if (!offsets.empty()) longest = std::max<int64_t>(longest, rows * seq - offsets.back());
+  offsets.push_back(static_cast<int32_t>(rows * seq));
+  return DocumentLayout{document_ids, torch::tensor(offsets, torch::TensorOptions().dtype(torch::kInt32)), longest};
+}
+
+namespace {
+#if TORCH_VERSION_MAJOR >= 2
+// The variable-length flash kernel: each document a sequence of its own,
+// grouped k/v heads read in place. Its backward is LibTorch's (deterministic
+// when ATen's deterministic algorithms are on, as reproducible mode sets).
+bool varlen_applies(const torch::Tensor& q, const DocumentLayout& documents) {
+  const auto dtype = q.scalar_type();
+  return documents.offsets.defined() && q.is_cuda() && (dtype == torch::kBFloat16 || dtype == torch::kHalf) &&
+         q.size(-1) % 8 == 0 && q.size(-1) <= 256;
+}
+
+torch::Tensor varlen_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const DocumentLayout& documents) {
+  const int64_t b = q.size(0), t = q.size(2), d = q.size(3);
+  TORCH_CHECK(
+      documents.offsets.dim() == 1 && documents.offsets.size(0) >= 2 && documents.longest > 0 && documents.longest <= t,
+      "document_causal_attention: offsets ", documents.offsets.sizes(), " and longest document ", documents.longest,
+      " do not describe rows of ", t, " positions");
+  static std::once_flag logged;
+  std::call_once(logged, [&] {
+    log::info(
+        fmt::format("attention over packed documents: variable-length flash kernel ({} heads, {} key/value "
+                    "heads, head dim {})",
+                    q.size(1), k.size(1), d));
+  });
+  // [batch, heads, seq, dim] -> [batch * seq, heads, dim]: a view when the
+  // heads were split from [batch, seq, heads, dim], as the models do.
+  const auto flat = [&](const torch::Tensor& x) { return x.transpose(1, 2).reshape({b * t, x.size(1), d}); };
+  const torch::Tensor offsets = documents.offsets.to(q.device(), torch::kInt32);
+  auto result = at::_flash_attention_forward(flat(q), flat(k), flat(v), offsets, offsets, documents.longest,
+                                             documents.longest, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                             /*return_debug_mask=*/false);
+  return std::get<0>(result).view({b, t, q.size(1), d}).transpose(1, 2);
+}
+#endif
+}  // namespace
+
+torch::Tensor document_causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                        const DocumentLayout& documents) {
+#if TORCH_VERSION_MAJOR >= 2
+  if (documents.ids.defined() && varlen_applies(q, documents)) return varlen_attention(q, k, v, documents);
+#endif
+  return document_causal_attention(q, k, v, documents.ids);
 }
 
 torch::Tensor document_causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "trainer/Errors.h"
+#include "trainer/ops/Attention.h"
 
 namespace trainer {
 
@@ -97,6 +98,10 @@ MicroBatch collate(const Dataset& dataset, const std::string& dataset_name, cons
   if (packs) {
     micro.batch.position_ids = (pinned ? positions.pin_memory() : positions).to(device, /*non_blocking=*/pinned);
     micro.batch.document_ids = (pinned ? documents.pin_memory() : documents).to(device, /*non_blocking=*/pinned);
+    const ops::DocumentLayout layout = ops::document_layout(documents);
+    micro.batch.document_offsets =
+        (pinned ? layout.offsets.pin_memory() : layout.offsets).to(device, /*non_blocking=*/pinned);
+    micro.batch.longest_document = layout.longest;
   }
   return micro;
 }
