@@ -272,7 +272,10 @@ ComponentChoice choose(const toml::table& table, const std::string& path, Plugin
 // keep writing lr beside beta1), split again for the plugin.
 void choose_optimizer(Recipe& recipe, const toml::table& table, const SectionSpec& core, PluginRegistry& registry,
                       const Origins& origins) {
-  const LoadedPlugin& plugin = chosen_plugin(table, "optimizer", PluginKind::Optimizer, "adamw", registry, origins);
+  // A named path, not a literal: a reference bound to the result of a call
+  // with a temporary argument is what GCC 13's -Wdangling-reference flags.
+  const std::string path = "optimizer";
+  const LoadedPlugin& plugin = chosen_plugin(table, path, PluginKind::Optimizer, "adamw", registry, origins);
   const PluginDescriptor& d = *plugin.descriptor;
   std::vector<KeySpec> keys(core.keys, core.keys + core.num_keys);
   std::vector<std::string> own;
