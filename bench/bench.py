@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training speed and memory on one GPU: trainer (ddp, zero3) against Hugging Face Qwen2.
 
-Shapes (random init, tied embeddings, vocab 151936):
+Shapes (random init; 0.5b and 3b with tied embeddings and vocab 151936):
   0.5b  Qwen2-0.5B: hidden 896, 24 layers, 14 heads, 2 key/value heads, intermediate 4864
   3b    hidden 2048, 36 layers, 16 heads, 2 key/value heads, intermediate 11008
   8b    Llama-3-8B: hidden 4096, 32 layers, 32 heads, 8 key/value heads, intermediate 14336,

@@ -230,8 +230,8 @@ TEST(Ops, PerTokenRotaryTablesRestartPositionsAtEachDocument) {
 // The layout a variable-length kernel takes, worked by hand: each row's
 // documents (a change of number, or a new row, starts one) laid end to end.
 TEST(Ops, DocumentLayoutLaysEachRowsDocumentsEndToEnd) {
-  // Row 1 starts with document 0 again, and its single document runs to the
-  // end: 3 + 2 + 3 + 6 + 2 positions.
+  // Row 0 holds documents of 3, 2 and 3 positions; row 1 numbers its first
+  // document 0 again (the new row starts it) and holds 6 and 2 positions.
   const torch::Tensor ids = torch::tensor({0, 0, 0, 1, 1, 2, 2, 2, 0, 0, 0, 0, 0, 0, 1, 1}, torch::kInt64).view({2, 8});
   const ops::DocumentLayout layout = ops::document_layout(ids);
   ASSERT_EQ(layout.offsets.scalar_type(), torch::kInt32);
