@@ -244,7 +244,13 @@ def main():
     parser.add_argument("--hf-checkpointing", action="store_true",
                         help="Hugging Face arms with gradient checkpointing (the trainer's: an arm's override)")
     parser.add_argument("--profile", help="write a Chrome trace of two steps of every arm into this directory")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="runs per arm, round-robin over the arms; the table gives the median and the spread")
+    parser.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD, if this is a clone)")
     args = parser.parse_args()
+    if args.commit is None:
+        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        args.commit = git.stdout.strip() if git.returncode == 0 else "unknown"
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
     config = SHAPES[args.shape]
@@ -255,21 +261,38 @@ def main():
     peak = matmul_rate()
     args.peak_tflops = peak / 1e12
     per_token, params = flops_per_token(config, args.seq)
-    results = {}
-    for arm in args.arms.split(","):
-        print(f"--- {arm}", file=sys.stderr, flush=True)
-        if arm in ("eager", "eager-fused", "compile-fused"):
-            results[arm] = run_hugging_face(args, config, arm, fused=arm != "eager", compiled=arm == "compile-fused")
-        elif arm == "compile-autotune":
-            results[arm] = run_hugging_face(args, config, arm, fused=True, compiled=True,
-                                            mode="max-autotune-no-cudagraphs")
-        elif arm in ("ddp", "zero3", "zero1", "zero2"):
-            results[f"trainer {arm}"] = run_trainer(args, config, work, arm, arm, [])
-        else:
-            name, _, overrides = arm.partition("=")
-            results[f"trainer {name}"] = run_trainer(args, config, work, name, "ddp", overrides.split(";"))
+    runs = {}  # arm -> one result per run
+    # Round-robin over the arms, so that drift of the machine over the run
+    # falls on every arm alike.
+    for run in range(args.runs):
+        for arm in args.arms.split(","):
+            print(f"--- {arm} (run {run + 1} of {args.runs})", file=sys.stderr, flush=True)
+            if arm in ("eager", "eager-fused", "compile-fused"):
+                name, result = arm, run_hugging_face(args, config, arm, fused=arm != "eager",
+                                                     compiled=arm == "compile-fused")
+            elif arm == "compile-autotune":
+                name, result = arm, run_hugging_face(args, config, arm, fused=True, compiled=True,
+                                                     mode="max-autotune-no-cudagraphs")
+            elif arm in ("ddp", "zero3", "zero1", "zero2"):
+                name, result = f"trainer {arm}", run_trainer(args, config, work, arm, arm, [])
+            else:
+                label, _, overrides = arm.partition("=")
+                name, result = f"trainer {label}", run_trainer(args, config, work, label, "ddp", overrides.split(";"))
+            runs.setdefault(name, []).append(result)
+            shutil.rmtree(os.path.join(work, f"run-{name.removeprefix('trainer ')}"), ignore_errors=True)
+    # Per arm: the run of median speed (its memory and loss beside it), and
+    # the spread of the speeds; an arm with a failed run is reported failed.
+    results, spreads = {}, {}
+    for name, results_of_arm in runs.items():
+        if any(r is None for r in results_of_arm):
+            results[name] = None
+            continue
+        ordered = sorted(results_of_arm, key=lambda r: r[0])
+        results[name] = ordered[len(ordered) // 2]
+        spreads[name] = [r[0] for r in results_of_arm]
     print(f"\n{FAMILY[args.shape]} {args.shape} shape: {params / 1e9:.3f}B parameters, bf16, micro-batch {args.micro_batch} x "
-          f"{args.seq} tokens, {torch.cuda.get_device_name()}, measured bf16 matmul {peak / 1e12:.0f} TFLOP/s")
+          f"{args.seq} tokens, {torch.cuda.get_device_name()}, measured bf16 matmul {peak / 1e12:.0f} TFLOP/s, "
+          f"commit {args.commit}, {args.runs} run(s) per arm (tokens/s: the median, then min-max)")
     # The peer: the faster of the compiled Hugging Face arms.
     peers = [r for n, r in results.items() if n in ("compile-fused", "compile-autotune") and r is not None]
     base = max(peers, key=lambda r: r[0]) if peers else None
@@ -289,9 +312,12 @@ def main():
         ratio = f"{speed / base[0]:.2f}x" if base else "-"
         memory_ratio = f"{memory / base[1]:.2f}x" if base else "-"
         sheet = f"{speed * per_token / datasheet:.1%}" if datasheet else "-"
-        print(f"| {name} | {speed:.0f} | {ratio} | {speed * per_token / peak:.1%} | {sheet} | {memory:.1f} "
+        spread = spreads[name]
+        shown = f"{speed:.0f}" + (f" ({min(spread):.0f}-{max(spread):.0f})" if len(spread) > 1 else "")
+        print(f"| {name} | {shown} | {ratio} | {speed * per_token / peak:.1%} | {sheet} | {memory:.1f} "
               f"| {memory_ratio} | {allocated:.1f} / {reserved:.1f} | {loss:.4f} |")
-        table.append(dict(run=name, tokens_per_second=speed, mfu=speed * per_token / peak,
+        table.append(dict(run=name, tokens_per_second=speed, runs_tokens_per_second=spread,
+                          mfu=speed * per_token / peak,
                           mfu_datasheet=speed * per_token / datasheet if datasheet else None, peak_gib=memory,
                           loss=loss, allocated_gib=allocated, reserved_gib=reserved))
     if args.profile:
@@ -302,7 +328,8 @@ def main():
                                 "--steps", "2"])
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(shape=args.shape, matmul_tflops=peak / 1e12, parameters=params, rows=table), f, indent=1)
+            json.dump(dict(shape=args.shape, commit=args.commit, runs=args.runs, matmul_tflops=peak / 1e12,
+                       parameters=params, rows=table), f, indent=1)
 
 
 if __name__ == "__main__":

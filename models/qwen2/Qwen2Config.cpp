@@ -42,7 +42,9 @@ constexpr KeySpec kKeys[] = {
     {"hf_dir", ValueType::String, "''",
      "a Hugging Face Qwen2 or Llama directory: config.json sets the sizes, safetensors the weights"},
     {"activation_checkpointing", ValueType::String, "'none'",
-     "'full' recomputes each block in backward, keeping only its input", -kNoLimit, kNoLimit, "none|full"},
+     "what backward recomputes: 'none' only the norms' and SwiGLU's outputs (cheap, from inputs kept anyway); "
+     "'full' each block from its input; 'no_recompute' nothing (fastest, most memory)",
+     -kNoLimit, kNoLimit, "none|full|no_recompute"},
     {"init_from", ValueType::String, "''", "a .safetensors file with weights to start from (Hugging Face names)"},
 };
 

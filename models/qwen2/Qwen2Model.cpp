@@ -58,7 +58,9 @@ std::string init_from(const Options& options) {
 class Qwen2Model final : public Model {
  public:
   Qwen2Model(const Options& options, const Context& context)
-      : config_(qwen2::read_config(options)), checkpointing_(options.text("activation_checkpointing") == "full") {
+      : config_(qwen2::read_config(options)),
+        checkpointing_(options.text("activation_checkpointing") == "full"),
+        keep_elementwise_(options.text("activation_checkpointing") == "no_recompute") {
     if (checking_only()) {  // trainer validate: the configuration is checked; the weight files are found, not read
       if (!options.text("hf_dir").empty()) qwen2::weight_files(options);
       init_from(options);
@@ -232,10 +234,12 @@ class Qwen2Model final : public Model {
   // One decoder block: q/k/v as one GEMM (the projections lie back to back
   // in the flat parameter buffers), RoPE fused into the split into heads,
   // grouped-query attention without repeating k/v, gate/up as one GEMM and
-  // a fused SwiGLU. The norms' and SwiGLU's outputs are not kept for
-  // backward but recomputed from their inputs (linear_of), which are kept
-  // anyway: per token and layer that saves 2 hidden + 1 intermediate width
-  // of activations for three elementwise passes.
+  // a fused SwiGLU. By default (activation_checkpointing 'none') the
+  // norms' and SwiGLU's outputs are not kept for backward but recomputed
+  // from their inputs (linear_of), which are kept anyway: per token and
+  // layer that saves 2 hidden + 1 intermediate width of activations for
+  // three elementwise passes; 'no_recompute' keeps them (the same kernels
+  // on the same inputs: the same bits).
   Tensor block(const Layer& l, const ops::RotaryTables& tables, const ops::DocumentLayout& documents,
                const Tensor& x) const {
     const Config& c = config_;
@@ -247,15 +251,27 @@ class Qwen2Model final : public Model {
     const ops::InputFunction swiglu = [](const Tensor& s, const std::vector<Tensor>&) { return ops::swiglu(s); };
     const std::vector<Tensor> qkv_biases =
         c.attention_bias ? std::vector<Tensor>{l.q_bias, l.k_bias, l.v_bias} : std::vector<Tensor>{};
-    const Tensor qkv = ops::linear_of(norm, x, {l.input_norm}, {l.q_weight, l.k_weight, l.v_weight}, qkv_biases);
+    // f(s) in front of a linear layer: recomputed in backward, or kept (f
+    // recorded by autograd, its output handed to linear_of through an
+    // identity: the same linear backward either way). f reads s through a
+    // view, so that the gradients of its several uses of s (the CPU norm's
+    // composite has two) add up before the residual's joins them, as they
+    // do in the recomputation: the same sums in the same order, the same bits.
+    auto linear_of = [this](const ops::InputFunction& f, const Tensor& s, const std::vector<Tensor>& f_params,
+                            const std::vector<Tensor>& weights, const std::vector<Tensor>& biases) {
+      if (!keep_elementwise_) return ops::linear_of(f, s, f_params, weights, biases);
+      static const ops::InputFunction identity = [](const Tensor& h, const std::vector<Tensor>&) { return h; };
+      return ops::linear_of(identity, f(s.view_as(s), f_params), {}, weights, biases);
+    };
+    const Tensor qkv = linear_of(norm, x, {l.input_norm}, {l.q_weight, l.k_weight, l.v_weight}, qkv_biases);
     const ops::QkvHeads heads = ops::split_qkv_rotary(qkv, c.num_heads, c.num_kv_heads, tables);
     const Tensor attention = ops::document_causal_attention(heads.q.transpose(1, 2), heads.k.transpose(1, 2),
                                                             heads.v.transpose(1, 2), documents)
                                  .transpose(1, 2)
                                  .reshape({b, t, c.hidden_size});
     const Tensor y = x + ops::linear(attention, {l.o_weight});
-    const Tensor gate_up = ops::linear_of(norm, y, {l.post_attention_norm}, {l.gate_weight, l.up_weight});
-    return y + ops::linear_of(swiglu, gate_up, {}, {l.down_weight});
+    const Tensor gate_up = linear_of(norm, y, {l.post_attention_norm}, {l.gate_weight, l.up_weight}, {});
+    return y + linear_of(swiglu, gate_up, {}, {l.down_weight}, {});
   }
 
   // Built once per sequence length, device and dtype, reused by every block and step.
@@ -328,7 +344,9 @@ class Qwen2Model final : public Model {
   Tensor ones(const std::string& name, at::IntArrayRef shape) { return add(name, torch::ones(shape), false); }
 
   Config config_;
-  bool checkpointing_;
+  bool checkpointing_;     // activation_checkpointing 'full'
+  bool keep_elementwise_;  // 'no_recompute'
+
   ops::RotaryTables tables_;
   std::vector<NamedParameter> parameters_;
   Tensor embed_, final_norm_, lm_head_;

@@ -86,6 +86,45 @@ TEST(OpsGpu, SplitQkvRotaryKernelMatchesTheCpuPath) {
   }
 }
 
+// bf16 rows on 16-byte boundaries take the vector kernels (eight pairs a
+// thread), others the scalar ones: the same values placed both ways give
+// the same bits, forward (q/k/v read from an aligned or a one-element-off
+// view) and backward (incoming gradients aligned or one element off), so
+// which path runs never changes a result (reproducible mode relies on it).
+TEST(OpsGpu, RotaryVectorAndScalarKernelsGiveTheSameBits) {
+  REQUIRE_CUDA();
+  torch::manual_seed(4);
+  const int64_t b = 2, t = 33, heads = 6, kv = 2, d = 64, width = (heads + 2 * kv) * d;
+  const auto options = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  const torch::Tensor values = torch::randn({b, t, width}).to(options);
+  const auto tables = ops::RotaryTables::make(t, d, 1e6, torch::kBFloat16, kCuda);
+  // A contiguous copy of `like` whose data starts `offset` elements into a buffer.
+  auto placed = [&](const torch::Tensor& like, int64_t offset) {
+    torch::Tensor flat = torch::zeros({like.numel() + 8}, options).narrow(0, offset, like.numel());
+    torch::Tensor out = flat.view(like.sizes());
+    out.copy_(like);
+    return out;
+  };
+  std::vector<torch::Tensor> grads;
+  for (const int64_t h : {heads, kv, kv}) grads.push_back(torch::randn({b, t, h, d}).to(options));
+  auto run = [&](int64_t offset) {
+    const torch::Tensor wide = torch::zeros({b, t, width + 8}, options);
+    wide.narrow(-1, offset, width).copy_(values);
+    const torch::Tensor leaf = wide.detach().set_requires_grad(true);
+    const ops::QkvHeads out = ops::split_qkv_rotary(leaf.narrow(-1, offset, width), heads, kv, tables);
+    std::vector<torch::Tensor> incoming;
+    for (const torch::Tensor& g : grads) incoming.push_back(placed(g, offset));
+    const torch::Tensor grad = torch::autograd::grad({out.q, out.k, out.v}, {leaf}, incoming)[0];
+    return std::vector<torch::Tensor>{out.q, out.k, out.v, grad.narrow(-1, offset, width)};
+  };
+  const std::vector<torch::Tensor> vector_path = run(0), scalar_path = run(1);
+  const char* names[] = {"q", "k", "v", "gradient"};
+  for (size_t i = 0; i < vector_path.size(); ++i) {
+    EXPECT_TRUE(torch::equal(vector_path[i], scalar_path[i])) << names[i];
+  }
+  EXPECT_GT(vector_path[0].abs().sum().item<double>(), 0.0);  // not two empty results
+}
+
 // Packed documents: per-token tables (positions restarting at each
 // document) through the kernel, which indexes them by token.
 TEST(OpsGpu, PerTokenRotaryKernelMatchesTheCpuPath) {

@@ -19,21 +19,27 @@ class ModelContract : public ::testing::Test {
  protected:
   void SetUp() override {
     registry_.discover({TRAINER_PLUGIN_DIR});
+    model_ = make_model("");
+    torch::manual_seed(1);
+    ids_ = torch::randint(0, 32, {3, 10}, torch::kInt64);
+    labels_ = torch::randint(0, 32, {3, 10}, torch::kInt64);
+    labels_.masked_fill_(torch::rand({3, 10}) < 0.5, kIgnoreIndex);
+  }
+
+  // The test's model, with `extra` lines in [model]; the same seed, so the same weights.
+  std::unique_ptr<Model> make_model(const std::string& extra) {
     // One directory per test: ctest runs them in parallel.
     const std::string dir = testing::scratch_dir(std::string("ModelContract_") +
                                                  ::testing::UnitTest::GetInstance()->current_test_info()->name());
     const std::string file =
         testing::write_file(dir + "/recipe.toml",
                             "[model]\nname = 'qwen2'\nvocab_size = 32\nhidden_size = 16\nintermediate_size = 24\n"
-                            "num_attention_heads = 4\nnum_key_value_heads = 2\n[dataset]\nname = 'synthetic'\n");
+                            "num_attention_heads = 4\nnum_key_value_heads = 2\n" +
+                                extra + "[dataset]\nname = 'synthetic'\n");
     const Recipe recipe = load_recipe(file, {}, registry_);
     Context context;
     context.seed = 5;
-    model_ = PluginRegistry::create<Model>(*recipe.model.plugin, recipe.model.options, context);
-    torch::manual_seed(1);
-    ids_ = torch::randint(0, 32, {3, 10}, torch::kInt64);
-    labels_ = torch::randint(0, 32, {3, 10}, torch::kInt64);
-    labels_.masked_fill_(torch::rand({3, 10}) < 0.5, kIgnoreIndex);
+    return PluginRegistry::create<Model>(*recipe.model.plugin, recipe.model.options, context);
   }
 
   Batch batch(int64_t row_begin, int64_t rows) const {
@@ -44,10 +50,21 @@ class ModelContract : public ::testing::Test {
     return b;
   }
 
-  std::vector<torch::Tensor> gradients(const Batch& b) {
-    std::vector<torch::Tensor> params;
-    for (const NamedParameter& p : model_->parameters()) params.push_back(p.tensor);
-    return torch::autograd::grad({model_->forward(b).loss_sum}, params);
+  std::vector<torch::Tensor> gradients(const Batch& b) { return gradients_of(*model_, b); }
+
+  // The loss sum, then the gradient of every parameter: through backward()
+  // into .grad (activation checkpointing's recomputation reaches the
+  // parameters only that way), cleared before.
+  static std::vector<torch::Tensor> gradients_of(Model& model, const Batch& b) {
+    std::vector<NamedParameter> params = model.parameters();
+    for (NamedParameter& p : params) p.tensor.mutable_grad() = torch::Tensor();
+    const torch::Tensor loss = model.forward(b).loss_sum;
+    loss.backward();
+    std::vector<torch::Tensor> out{loss.detach()};
+    for (const NamedParameter& p : params) {
+      out.push_back(p.tensor.grad().defined() ? p.tensor.grad().clone() : torch::zeros_like(p.tensor));
+    }
+    return out;
   }
 
   PluginRegistry registry_;
@@ -69,10 +86,36 @@ TEST_F(ModelContract, GradientsAddOverSamples) {
   const std::vector<torch::Tensor> all = gradients(batch(0, 3));
   const std::vector<torch::Tensor> first = gradients(batch(0, 1));
   const std::vector<torch::Tensor> rest = gradients(batch(1, 2));
-  for (size_t i = 0; i < all.size(); ++i) {
+  for (size_t i = 1; i < all.size(); ++i) {  // [0] is the loss
     const double error = (all[i] - first[i] - rest[i]).norm().item<double>();
-    EXPECT_LE(error, 1e-5 * (1.0 + all[i].norm().item<double>())) << model_->parameters()[i].name;
+    EXPECT_LE(error, 1e-5 * (1.0 + all[i].norm().item<double>())) << model_->parameters()[i - 1].name;
   }
+}
+
+// What backward recomputes changes memory, never a result: the loss and
+// every gradient bit for bit under each activation_checkpointing mode (the
+// same kernels run on the same inputs, only when differs). On two rows with
+// different target counts, so a gradient that skipped a recomputed piece
+// (a norm's weight, SwiGLU) would differ.
+TEST_F(ModelContract, CheckpointingModesGiveTheSameBits) {
+  const Batch b = batch(0, 3);
+  std::vector<std::vector<torch::Tensor>> results;
+  for (const char* mode : {"none", "no_recompute", "full"}) {
+    std::unique_ptr<Model> model = make_model(std::string("activation_checkpointing = '") + mode + "'\n");
+    results.push_back(gradients_of(*model, b));
+  }
+  const std::vector<NamedParameter> params = model_->parameters();
+  for (size_t mode = 1; mode < results.size(); ++mode) {
+    ASSERT_EQ(results[mode].size(), results[0].size());
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_TRUE(torch::equal(results[mode][i], results[0][i]))
+          << "mode " << mode << ": " << (i == 0 ? std::string("loss") : params[i - 1].name) << " "
+          << (results[mode][i] - results[0][i]).abs().max().item<double>();
+    }
+  }
+  // The test's own model is 'none' by default: the same bits again.
+  const std::vector<torch::Tensor> default_mode = gradients(b);
+  for (size_t i = 0; i < default_mode.size(); ++i) EXPECT_TRUE(torch::equal(default_mode[i], results[0][i]));
 }
 
 TEST_F(ModelContract, NamesFollowHuggingFace) {
@@ -195,7 +238,8 @@ TEST_F(ModelContract, APackedWindowTrainsEachDocumentAsIfAlone) {
   const std::vector<torch::Tensor> alone_grads = gradients(alone.batch);
   for (size_t i = 0; i < packed_grads.size(); ++i) {
     const double error = (packed_grads[i] - alone_grads[i]).norm().item<double>();
-    EXPECT_LE(error, 1e-6 * (1e-3 + alone_grads[i].norm().item<double>())) << model_->parameters()[i].name;
+    EXPECT_LE(error, 1e-6 * (1e-3 + alone_grads[i].norm().item<double>()))
+        << (i == 0 ? std::string("loss") : model_->parameters()[i - 1].name);
   }
   // Without the document mask and positions the same window trains on its
   // neighbours' context: the comparison above can fail.
