@@ -1,6 +1,7 @@
 // Several GPUs of one host over nccl (label multigpu, apart from gpu): every
 // strategy and hybrid sharding at 2, 4 and 8 ranks against one GPU, each rank
-// on its own device, the conformance kit across ranks, resume across world
+// on its own device, the conformance kit across ranks (Muon's divided
+// transforms too), resume across world
 // sizes, and a killed rank ending the job. A test that needs more GPUs than
 // the machine shows fails (never skips): run the label only where they are.
 #include <gtest/gtest.h>
@@ -87,6 +88,28 @@ TEST(MultiGpu, ConformanceKitAcrossRanks) {
     for (const MetricsRow& row : read_metrics(dir + "/report.jsonl")) {
       EXPECT_LE(row.at("grad_error"), 1e-5) << strategy;
       EXPECT_LE(row.at("param_error"), 1e-4) << strategy;
+    }
+  }
+}
+
+// Muon under every strategy over nccl, ddp's ranks and hybrid sharding's
+// replicas dividing the Newton-Schulz transforms among themselves and
+// broadcasting the results: the kit's fp64 reference, every parameter moved
+// as the reference's.
+TEST(MultiGpu, MuonDividesItsTransformsAcrossReplicas) {
+  REQUIRE_GPUS(8);
+  const std::string dir = scratch_dir("MultiGpuMuon");
+  const auto result =
+      trainer("check-plugin muon --device cuda --backend nccl --split 1,2,4 --split 1,1,8 --split 1,1,8,2 --report " +
+              dir + "/report.jsonl");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const std::vector<MetricsRow> rows = read_metrics(dir + "/report.jsonl");
+  ASSERT_FALSE(rows.empty());
+  for (const MetricsRow& row : rows) {
+    EXPECT_LE(row.at("param_error"), 1e-4);
+    if (row.at("rank") == 0) {
+      EXPECT_EQ(row.at("unchanged_parameters"), 0.0);
+      EXPECT_EQ(row.at("wrong_parameters"), 0.0);
     }
   }
 }

@@ -12,6 +12,7 @@
 #include "trainer/sharding/FlatParameters.h"
 #include "trainer/sharding/LowPrecisionState.h"
 #include "trainer/sharding/OptimizerShards.h"
+#include "unit/StubComm.h"
 
 namespace trainer {
 namespace {
@@ -205,6 +206,68 @@ TEST(Muon, OptimizerShardsGiveEachStackedMatrixItsOwnUpdate) {
     }
   }
   EXPECT_EQ(checked, 9);
+}
+
+// ddp's ranks divide Muon's transforms: with a replica comm of two ranks,
+// rank 1 transforms only the runs it owns (the second of the two runs here:
+// the {16, 24} pair; the first is the stack of seven {24, 16} matrices) and
+// takes the other from rank 0's broadcast. The stub comm's broadcast writes
+// zeros, so rank 0's run arrives as a zero direction: its matrices then
+// move by weight decay alone, while rank 1's own run gets the bits of the
+// single-rank update, as does every element-wise parameter.
+TEST(Muon, ReplicasDivideTheTransformsAndBroadcastEachFromItsOwner) {
+  torch::manual_seed(7);
+  const std::unique_ptr<Optimizer> muon = make("muon", "weight_decay = 0.1\n");
+  std::vector<NamedParameter> params;
+  for (int i = 0; i < 9; ++i) {
+    const std::vector<int64_t> shape = i % 4 == 3 ? std::vector<int64_t>{16, 24} : std::vector<int64_t>{24, 16};
+    params.push_back({"model.layers." + std::to_string(i) + ".mlp.up_proj.weight",
+                      torch::randn(shape, torch::kFloat64).requires_grad_(), true});
+  }
+  params.push_back({"model.norm.weight", torch::randn({16}, torch::kFloat64).requires_grad_(), false});
+  const UpdateArgs args{0.02, 0.5, 1};
+  // The same parameters and gradients into two sets of groups: alone, and as rank 1 of two replicas.
+  auto updated = [&](Comm* replicas) {
+    std::vector<NamedParameter> copy;
+    for (const NamedParameter& p : params) copy.push_back({p.name, p.tensor.detach().clone(), p.decay});
+    std::vector<ParameterGroup> groups = flatten_parameters(copy, torch::kCPU, 1, torch::kFloat64);
+    OptimizerShards shards = OptimizerShards::viewing(*muon, groups, 0, 1);
+    torch::manual_seed(8);
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (const ParameterSlot& slot : groups[g].slots) {
+        shards.groups()[g]
+            .gradient.narrow(0, slot.offset, slot.numel)
+            .copy_(torch::randn({slot.numel}, torch::kFloat64));
+      }
+    }
+    shards.update(args, nullptr, replicas);
+    return groups;
+  };
+  testing::StubComm replicas(1, 2);
+  replicas.on_broadcast = [](torch::Tensor& t, int root) {
+    if (root != 1) t.zero_();
+  };
+  const std::vector<ParameterGroup> alone = updated(nullptr), divided = updated(&replicas);
+  EXPECT_EQ(replicas.broadcast_roots, (std::vector<int>{0, 1}));
+  int own = 0, broadcast = 0;
+  for (size_t g = 0; g < alone.size(); ++g) {
+    for (const ParameterSlot& slot : alone[g].slots) {
+      const torch::Tensor want = alone[g].values.narrow(0, slot.offset, slot.numel);
+      const torch::Tensor got = divided[g].values.narrow(0, slot.offset, slot.numel);
+      const bool from_rank_0 = slot.position < 9 && slot.param.size(0) == 24;
+      if (from_rank_0) {
+        const torch::Tensor decayed = params[slot.position].tensor.detach().reshape({-1}) * (1.0 - 0.02 * 0.1);
+        EXPECT_TRUE(torch::equal(got, decayed)) << slot.name;
+        EXPECT_FALSE(torch::equal(got, want)) << slot.name;  // the zeros did arrive instead of a transform
+        ++broadcast;
+      } else {
+        EXPECT_TRUE(torch::equal(got, want)) << slot.name;
+        ++own;
+      }
+    }
+  }
+  EXPECT_EQ(broadcast, 7);
+  EXPECT_EQ(own, 3);
 }
 
 // One matrix through prepare, transform and apply, three steps, fp64,

@@ -1,12 +1,13 @@
 // A comm for unit tests: rank `rank` of `world` ranks, whose collectives
 // complete at once without moving data (an all-reduce runs `on_all_reduce`
-// on its tensor, if given, and is counted). No sub-groups (Comm::split's
-// default).
+// on its tensor, if given, and is counted; a broadcast records its root
+// and runs `on_broadcast`). No sub-groups (Comm::split's default).
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "trainer/Comm.h"
 
@@ -26,11 +27,17 @@ class StubComm final : public Comm {
   }
   std::unique_ptr<CommWork> reduce_scatter_sum_async(torch::Tensor, torch::Tensor) override { return done(); }
   std::unique_ptr<CommWork> all_gather_async(torch::Tensor, torch::Tensor) override { return done(); }
-  std::unique_ptr<CommWork> broadcast_async(torch::Tensor, int) override { return done(); }
+  std::unique_ptr<CommWork> broadcast_async(torch::Tensor t, int root) override {
+    broadcast_roots.push_back(root);
+    if (on_broadcast) on_broadcast(t, root);
+    return done();
+  }
   std::unique_ptr<CommWork> reduce_sum_async(torch::Tensor, int) override { return done(); }
   void barrier() override {}
 
   int all_reduces = 0;
+  std::vector<int> broadcast_roots;                       ///< every broadcast's root, in order
+  std::function<void(torch::Tensor&, int)> on_broadcast;  ///< what a broadcast writes into its tensor, if set
 
  private:
   struct Done final : CommWork {

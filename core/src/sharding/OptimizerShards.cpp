@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include <c10/util/accumulate.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -82,7 +83,7 @@ void refresh_compute(const UpdateSlice& s) {
 
 }  // namespace
 
-void OptimizerShards::update(const UpdateArgs& args, Comm* shard_comm) {
+void OptimizerShards::update(const UpdateArgs& args, Comm* shard_comm, Comm* replica_comm) {
   torch::NoGradGuard no_grad;
   // Element-wise parameters: maximal runs of the owned elements between whole-matrix ones.
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
@@ -133,6 +134,34 @@ void OptimizerShards::update(const UpdateArgs& args, Comm* shard_comm) {
     torch::Tensor direction;
     int64_t begin, end;
   };
+  // A run's matrices, held by this rank, and their transform: computed
+  // here, or by the replica that owns the run and broadcast from it.
+  struct Run {
+    std::vector<Held> held;
+    std::vector<int64_t> shape;  // of `transformed`: the matrix's, or the stack's
+    torch::Tensor transformed;
+    bool stacked = false;  // transformed holds one matrix per held one, in order
+    int owner = 0;
+  };
+  const int replicas = replica_comm != nullptr ? replica_comm->world_size() : 1;
+  const int me = replica_comm != nullptr ? replica_comm->rank() : 0;
+  int64_t runs_seen = 0;
+  std::vector<Run> pending;  // with several replicas: applied once every run's transform has arrived
+  const auto apply_run = [&](Run& r) {
+    for (size_t i = 0; i < r.held.size(); ++i) {
+      const Held& h = r.held[i];
+      const ParameterInfo& p = *h.info;
+      const torch::Tensor t = r.stacked ? r.transformed[static_cast<int64_t>(i)] : r.transformed;
+      if (t.numel() != p.numel || t.scalar_type() != h.slice.values.scalar_type()) {
+        throw TrainingError(fmt::format("optimizer: transform of '{}' returned {} elements of {}, expected {} of {}",
+                                        p.name, t.numel(), c10::toString(t.scalar_type()), p.numel,
+                                        c10::toString(h.slice.values.scalar_type())));
+      }
+      UpdateSlice slice = h.slice;
+      optimizer_->apply(p, slice, t.reshape({-1}).narrow(0, h.begin - p.offset, h.end - h.begin), args);
+      refresh_compute(slice);
+    }
+  };
   for (const std::vector<Entry>& list : shapes) {
     const ParameterInfo& first = groups_[list.front().group].parameters[list.front().index];
     const auto stack = static_cast<size_t>(std::max<int64_t>(1, optimizer_->stack_size(first)));
@@ -165,43 +194,66 @@ void OptimizerShards::update(const UpdateArgs& args, Comm* shard_comm) {
         if (holds) held.push_back({&p, std::move(s), std::move(direction), begin, end});
       }
       if (held.empty()) continue;
-      std::vector<torch::Tensor> transformed;
-      if (stack == 1) {
-        transformed.push_back(optimizer_->transform(*held[0].info, held[0].direction.view(first.shape), args));
+      Run r;
+      r.owner = static_cast<int>(runs_seen++ % replicas);
+      r.shape = first.shape;
+      r.stacked = stack > 1;
+      if (r.stacked) r.shape.insert(r.shape.begin(), static_cast<int64_t>(stack));
+      const torch::TensorOptions options = held[0].direction.options();
+      if (r.owner != me) {
+        r.transformed = torch::empty(r.shape, options);  // filled by the owner's broadcast
+        for (Held& h : held) h.direction = torch::Tensor();
+      } else if (stack == 1) {
+        r.transformed = optimizer_->transform(*held[0].info, held[0].direction.view(first.shape), args);
+        held[0].direction = torch::Tensor();
       } else {
-        std::vector<int64_t> sizes{static_cast<int64_t>(stack)};
-        sizes.insert(sizes.end(), first.shape.begin(), first.shape.end());
-        torch::Tensor matrices = torch::zeros(sizes, held[0].direction.options());
+        torch::Tensor matrices = torch::zeros(r.shape, options);
         std::vector<ParameterInfo> infos;
         for (size_t i = 0; i < held.size(); ++i) {
           matrices[static_cast<int64_t>(i)].view({-1}).copy_(held[i].direction);
           infos.push_back(*held[i].info);
         }
         for (Held& h : held) h.direction = torch::Tensor();  // the stack holds them now
-        const torch::Tensor out = optimizer_->transform_stack(infos, matrices, args);
-        if (out.sizes() != matrices.sizes() || out.scalar_type() != matrices.scalar_type()) {
+        r.transformed = optimizer_->transform_stack(infos, matrices, args);
+        if (r.transformed.sizes() != matrices.sizes() || r.transformed.scalar_type() != matrices.scalar_type()) {
           throw TrainingError(
               fmt::format("optimizer: transform_stack of {} matrices like '{}' returned {} of {}, "
                           "expected {} of {}",
-                          held.size(), first.name, fmt::join(out.sizes(), "x"), c10::toString(out.scalar_type()),
-                          fmt::join(matrices.sizes(), "x"), c10::toString(matrices.scalar_type())));
+                          held.size(), first.name, fmt::join(r.transformed.sizes(), "x"),
+                          c10::toString(r.transformed.scalar_type()), fmt::join(matrices.sizes(), "x"),
+                          c10::toString(matrices.scalar_type())));
         }
-        for (size_t i = 0; i < held.size(); ++i) transformed.push_back(out[static_cast<int64_t>(i)]);
       }
-      for (size_t i = 0; i < held.size(); ++i) {
-        const Held& h = held[i];
-        const ParameterInfo& p = *h.info;
-        if (transformed[i].numel() != p.numel || transformed[i].scalar_type() != h.slice.values.scalar_type()) {
-          throw TrainingError(fmt::format("optimizer: transform of '{}' returned {} elements of {}, expected {} of {}",
-                                          p.name, transformed[i].numel(), c10::toString(transformed[i].scalar_type()),
-                                          p.numel, c10::toString(h.slice.values.scalar_type())));
-        }
-        UpdateSlice s = h.slice;
-        optimizer_->apply(p, s, transformed[i].reshape({-1}).narrow(0, h.begin - p.offset, h.end - h.begin), args);
-        refresh_compute(s);
+      r.held = std::move(held);
+      if (replicas == 1) {
+        apply_run(r);
+      } else {
+        pending.push_back(std::move(r));
       }
     }
   }
+  if (pending.empty()) return;
+  // Every replica has transformed its runs; each run's result goes from its
+  // owner to the others (the same kernels on the same directions: the bits
+  // each replica would have computed itself).
+  std::vector<std::unique_ptr<CommWork>> broadcasts;
+  for (Run& r : pending) {
+    // A transform may return its matrix in another shape of the same size (apply reads it flat).
+    if (!r.stacked && r.transformed.numel() == c10::multiply_integers(r.shape)) {
+      r.transformed = r.transformed.reshape(r.shape);
+    }
+    if (r.transformed.scalar_type() != r.held[0].slice.values.scalar_type() ||
+        r.transformed.sizes() != c10::IntArrayRef(r.shape)) {
+      throw TrainingError(fmt::format("optimizer: transform of '{}' returned {} of {}, expected {} of {}",
+                                      r.held[0].info->name, fmt::join(r.transformed.sizes(), "x"),
+                                      c10::toString(r.transformed.scalar_type()), fmt::join(r.shape, "x"),
+                                      c10::toString(r.held[0].slice.values.scalar_type())));
+    }
+    r.transformed = r.transformed.contiguous();
+    broadcasts.push_back(replica_comm->broadcast_async(r.transformed, r.owner));
+  }
+  for (std::unique_ptr<CommWork>& work : broadcasts) work->wait();
+  for (Run& r : pending) apply_run(r);
 }
 
 ShardReduction OptimizerShards::reduce_to_owners(Comm& comm, size_t group, int64_t begin, const torch::Tensor& bucket) {

@@ -57,7 +57,7 @@ double ShardedStrategy::reduce_gradients_and_norm() {
 }
 
 void ShardedStrategy::apply_update(const UpdateArgs& args) {
-  optimizer_.update(args, comm_);
+  optimizer_.update(args, comm_, &groups_of_.replicas());
   if (!full_.empty()) all_gather_parameters(optimizer_, full_, *comm_);
   discard_gradients();
 }

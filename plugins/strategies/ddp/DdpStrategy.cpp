@@ -89,7 +89,7 @@ class DdpStrategy final : public Strategy {
   }
 
   void apply_update(const UpdateArgs& args) override {
-    shards_.update(args, nullptr);
+    shards_.update(args, nullptr, comm_);  // the whole-matrix transforms divided among the ranks
     discard_gradients();
   }
 

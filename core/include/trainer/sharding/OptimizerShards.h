@@ -105,9 +105,17 @@ class OptimizerShards {
   /// The optimizer's step with `args` on the owned elements of every group,
   /// in place in `values`. Collective over `shard_comm` (the ranks that
   /// split the groups) when a whole-matrix parameter spans shards; unused
-  /// when shard_ranks is 1. The gradient accumulators keep their sums until
+  /// when shard_ranks is 1. `replica_comm`: the ranks that hold the same
+  /// shards (ddp: every rank; hybrid sharding: the replica group), or null.
+  /// With more than one replica the whole-matrix transforms are divided
+  /// among them: the k-th run this rank holds any of is transformed by
+  /// replica k mod replicas only and broadcast from it (collective over
+  /// `replica_comm`; each replica computes the bits every replica would
+  /// have, so the result is unchanged), at the cost of every run's result
+  /// held at once until the broadcasts end (4 bytes per whole-matrix
+  /// element in fp32). The gradient accumulators keep their sums until
   /// zero_gradients().
-  void update(const UpdateArgs& args, Comm* shard_comm);
+  void update(const UpdateArgs& args, Comm* shard_comm, Comm* replica_comm = nullptr);
 
   void zero_gradients();
 
