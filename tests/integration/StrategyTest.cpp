@@ -37,7 +37,8 @@ TEST(Strategies, WorldSizeOneIsBitIdenticalToDdp) {
 }
 
 // Recomputing each block in backward runs the same kernels on the same
-// inputs, so it changes no bit, under any strategy.
+// inputs, so it changes no bit, under any strategy; nor does keeping what
+// the default recomputes (no_recompute).
 TEST(Strategies, ActivationCheckpointingChangesNoBitAtWorldSizeOne) {
   const std::string plain = run("AC_none", "configs/quickstart.toml", "--set training.steps=10");
   const auto reference = read_metrics(plain + "/metrics.jsonl");
@@ -59,6 +60,12 @@ TEST(Strategies, ActivationCheckpointingChangesNoBitAtWorldSizeOne) {
       run("AC_zero3_2_full", "configs/quickstart.toml", two + " --set model.activation_checkpointing=full");
   EXPECT_EQ(column(read_metrics(on + "/metrics.jsonl"), "loss"), column(read_metrics(off + "/metrics.jsonl"), "loss"));
   EXPECT_EQ(read_file(on + "/summary.json"), read_file(off + "/summary.json"));
+  // Keeping the norms' and SwiGLU's outputs (their weights re-gathered for backward as every unit's are).
+  const std::string kept =
+      run("AC_zero3_2_keep", "configs/quickstart.toml", two + " --set model.activation_checkpointing=no_recompute");
+  EXPECT_EQ(column(read_metrics(kept + "/metrics.jsonl"), "loss"),
+            column(read_metrics(off + "/metrics.jsonl"), "loss"));
+  EXPECT_EQ(read_file(kept + "/summary.json"), read_file(off + "/summary.json"));
 }
 
 // bytes of rank `rank` for `key` in memory.json
