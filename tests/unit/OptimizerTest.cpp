@@ -158,6 +158,20 @@ TEST(Muon, AStackedMatrixGetsItsOwnIterationAndTheSameBitsInAnyStack) {
   EXPECT_EQ(muon->stack_size(info("w", {11008, 2048})), 1);
 }
 
+// Seven {24, 16} matrices (one stack), two {16, 24} ones and a norm's
+// vector, fp64 from the current seed: the matrices are blocks' weights
+// (decayed, Muon's), the vector is AdamW's.
+std::vector<NamedParameter> seven_and_two_matrices_and_a_vector() {
+  std::vector<NamedParameter> params;
+  for (int i = 0; i < 9; ++i) {
+    const std::vector<int64_t> shape = i % 4 == 3 ? std::vector<int64_t>{16, 24} : std::vector<int64_t>{24, 16};
+    params.push_back({"model.layers." + std::to_string(i) + ".mlp.up_proj.weight",
+                      torch::randn(shape, torch::kFloat64).requires_grad_(), true});
+  }
+  params.push_back({"model.norm.weight", torch::randn({16}, torch::kFloat64).requires_grad_(), false});
+  return params;
+}
+
 // The strategies' building block with stacks: seven matrices of one shape
 // (one stack of sixteen with nine zeros), two of another and a vector,
 // updated through OptimizerShards, each against the same matrix put
@@ -167,13 +181,7 @@ TEST(Muon, AStackedMatrixGetsItsOwnIterationAndTheSameBitsInAnyStack) {
 TEST(Muon, OptimizerShardsGiveEachStackedMatrixItsOwnUpdate) {
   torch::manual_seed(6);
   const std::unique_ptr<Optimizer> muon = make("muon", "weight_decay = 0.1\n");
-  std::vector<NamedParameter> params;
-  for (int i = 0; i < 9; ++i) {
-    const std::vector<int64_t> shape = i % 4 == 3 ? std::vector<int64_t>{16, 24} : std::vector<int64_t>{24, 16};
-    params.push_back({"model.layers." + std::to_string(i) + ".mlp.up_proj.weight",
-                      torch::randn(shape, torch::kFloat64).requires_grad_(), true});
-  }
-  params.push_back({"model.norm.weight", torch::randn({16}, torch::kFloat64).requires_grad_(), false});
+  std::vector<NamedParameter> params = seven_and_two_matrices_and_a_vector();
   std::vector<torch::Tensor> initial;
   for (const NamedParameter& p : params) initial.push_back(p.tensor.detach().clone().reshape({-1}));
   std::vector<ParameterGroup> groups = flatten_parameters(params, torch::kCPU, 1, torch::kFloat64);
@@ -218,13 +226,7 @@ TEST(Muon, OptimizerShardsGiveEachStackedMatrixItsOwnUpdate) {
 TEST(Muon, ReplicasDivideTheTransformsAndBroadcastEachFromItsOwner) {
   torch::manual_seed(7);
   const std::unique_ptr<Optimizer> muon = make("muon", "weight_decay = 0.1\n");
-  std::vector<NamedParameter> params;
-  for (int i = 0; i < 9; ++i) {
-    const std::vector<int64_t> shape = i % 4 == 3 ? std::vector<int64_t>{16, 24} : std::vector<int64_t>{24, 16};
-    params.push_back({"model.layers." + std::to_string(i) + ".mlp.up_proj.weight",
-                      torch::randn(shape, torch::kFloat64).requires_grad_(), true});
-  }
-  params.push_back({"model.norm.weight", torch::randn({16}, torch::kFloat64).requires_grad_(), false});
+  std::vector<NamedParameter> params = seven_and_two_matrices_and_a_vector();
   const UpdateArgs args{0.02, 0.5, 1};
   // The same parameters and gradients into two sets of groups: alone, and as rank 1 of two replicas.
   auto updated = [&](Comm* replicas) {
