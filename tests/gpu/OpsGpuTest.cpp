@@ -11,6 +11,7 @@
 #include <torch/cuda.h>
 
 #include "gpu/GpuTestSupport.h"
+#include "ops/Dispatch.h"
 #include "reproducible/ExactGradients.h"
 #include "trainer/Comm.h"
 #include "trainer/Model.h"
@@ -279,6 +280,58 @@ TEST(OpsGpu, LinearAddsWeightGradientsIntoBoundFp32Buffers) {
   EXPECT_EQ(w.grad().scalar_type(), torch::kBFloat16);
   EXPECT_LT(relative_error(w.grad(), dy.to(torch::kCPU, torch::kFloat64).t().mm(x.to(torch::kCPU, torch::kFloat64))),
             tolerance(torch::kBFloat16));
+}
+
+// training.precision = "fp8": the linear layers' products in E4M3 (forward)
+// and E5M2 x E4M3 (input gradient), held to an fp64 reference.
+// Tolerances from the formats: a cast rounds to 3 (E4M3) or 2 (E5M2)
+// mantissa bits, a relative error of at most 2^-4 or 2^-3 per element. A
+// dot product of independent errors is off by about the root sum of its
+// operands' errors relative to its size: at most sqrt(2) 2^-4 forward and
+// sqrt(2^-6 + 2^-8) for the input gradient. bf16 alone rounds at 2^-9, so
+// an error above 4e-3 shows the FP8 path ran.
+TEST(OpsGpu, Fp8LinearIsWithinFp8Precision) {
+  REQUIRE_CUDA();
+  ASSERT_TRUE(ops::fp8_linear_available()) << "a CUDA build with LibTorch >= 2.9 has FP8 linear layers";
+  struct Fp8On {
+    Fp8On() { ops::set_fp8_linear(true); }
+    ~Fp8On() { ops::set_fp8_linear(false); }
+  } on;
+  torch::manual_seed(8);
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  const auto f64 = [](const torch::Tensor& t) { return t.to(torch::kCPU, torch::kFloat64); };
+  const int64_t tokens = 256, in = 512, out = 384;
+  const torch::Tensor x = torch::randn({2, tokens / 2, in}).to(bf16).requires_grad_(true);
+  const torch::Tensor w = (torch::randn({out, in}) * 0.05).to(bf16).requires_grad_(true);
+  const torch::Tensor b = (torch::randn({out}) * 0.1).to(bf16).requires_grad_(true);
+  const torch::Tensor y = ops::linear(x, {w}, {b});
+  const torch::Tensor expected = f64(x).matmul(f64(w).t()) + f64(b);
+  const double forward = relative_error(y, expected);
+  EXPECT_LT(forward, std::sqrt(2.0) * 0.0625);
+  EXPECT_GT(forward, 4e-3) << "no FP8 rounding: the bf16 path ran";
+  const torch::Tensor dy = torch::randn({2, tokens / 2, out}).to(bf16);
+  y.backward(dy);
+  const double dx = relative_error(x.grad(), f64(dy).matmul(f64(w)));
+  EXPECT_LT(dx, std::sqrt(std::pow(2.0, -6) + std::pow(2.0, -8)));
+  EXPECT_GT(dx, 4e-3) << "no FP8 rounding in the input gradient";
+  // The weight gradient stays bf16.
+  EXPECT_LT(relative_error(w.grad(), f64(dy).reshape({tokens, out}).t().mm(f64(x).reshape({tokens, in}))),
+            tolerance(torch::kBFloat16));
+  EXPECT_LT(relative_error(b.grad(), f64(dy).reshape({tokens, out}).sum(0)), tolerance(torch::kBFloat16));
+
+  torch::NoGradGuard no_grad;
+  // All zeros: scale 1, the product exactly the bias.
+  EXPECT_TRUE(torch::equal(ops::linear(torch::zeros({tokens, in}, bf16), {w}, {b}), b.expand({tokens, out})));
+  // A NaN anywhere in the input reaches the output instead of a silent zero scale.
+  torch::Tensor poisoned = torch::randn({tokens, in}).to(bf16);
+  poisoned[3][7] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(torch::isfinite(ops::linear(poisoned, {w})).all().item<bool>());
+  // A value far beyond E4M3's range (448) is scaled, not saturated: the product holds.
+  const torch::Tensor large = torch::randn({tokens, in}).to(bf16) * 1e4;
+  EXPECT_LT(relative_error(ops::linear(large, {w}), f64(large).mm(f64(w).t())), std::sqrt(2.0) * 0.0625);
+  // Dimensions that are not multiples of 16 stay bf16: LibTorch's own linear, bit for bit.
+  const torch::Tensor odd = torch::randn({tokens + 3, in}).to(bf16);
+  EXPECT_TRUE(torch::equal(ops::linear(odd, {w}), torch::linear(odd, w)));
 }
 
 TEST(OpsGpu, LinearCrossEntropySumMatchesTheCpuPath) {

@@ -81,6 +81,19 @@ inline void check_launch(const char* kernel) {
 bool gradient_fusion_enabled();
 void set_gradient_fusion(bool enabled);
 
+/// Whether the linear layers (ops::linear, ops::linear_of) compute in FP8
+/// (training.precision = "fp8"): E4M3 forward, E5M2 output gradient, each
+/// tensor with one scale from its largest magnitude, through cuBLASLt's
+/// scaled GEMM; only bf16 CUDA tensors whose dimensions are multiples of 16
+/// (the others, and every build without the scaled GEMM, stay bf16). The
+/// weight gradient stays a bf16 GEMM into fp32. Process-wide; set before
+/// training starts.
+bool fp8_linear_enabled();
+void set_fp8_linear(bool enabled);
+/// Whether this build can compute linear layers in FP8 at all (CUDA kernels
+/// and LibTorch's scaled GEMM).
+bool fp8_linear_available();
+
 /// fp64 stays fp64; everything narrower computes in fp32.
 inline torch::Dtype accumulate_dtype(const torch::Tensor& t) {
   return t.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;

@@ -1,5 +1,5 @@
 // Launchers of the project's own CUDA kernels (Rotary.cu, SwiGlu.cu, CrossEntropy.cu, AdamW.cu,
-// FixedPoint.cu, StochasticRound.cu). Plain
+// FixedPoint.cu, StochasticRound.cu, Fp8.cu). Plain
 // pointers and a stream: the kernels see no LibTorch header, so nvcc never
 // compiles LibTorch's headers. Built only where CUDA parts are on.
 #pragma once
@@ -68,6 +68,14 @@ void fixed_point_add(Dtype dtype, const void* gradient, int64_t* sums, int64_t n
 /// (`stream_bits`, first_index + i). Both contiguous, `n` elements.
 void stochastic_round_bf16(const float* src, void* dst, int64_t n, uint64_t stream_bits, int64_t first_index,
                            cudaStream_t stream);
+
+/// FP8 quantization of `n` contiguous bf16 values: `out` (n bytes) = E4M3
+/// (or E5M2) of x * s, saturating, where s is the power of two that brings
+/// max |x| to at most the format's largest finite value (1 for all zeros,
+/// NaN when max |x| is not finite); *inverse_scale = 1 / s, on the device.
+/// `scratch`: one float of device memory, overwritten.
+void fp8_quantize(const void* x, int64_t n, bool e5m2, void* out, float* scratch, float* inverse_scale,
+                  cudaStream_t stream);
 
 /// The CUDA error of the last launch as text, or nullptr when there was none.
 const char* last_error();

@@ -15,12 +15,28 @@
 
 namespace trainer::ops {
 
+// LibTorch's scaled GEMM (at::_scaled_mm with one scale per tensor) as the
+// project calls it: LibTorch 2.9 and later, with the project's kernels.
+#if defined(TRAINER_CUDA_KERNELS) && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9))
+#define TRAINER_FP8_LINEAR 1
+#endif
+
 namespace {
 std::atomic<bool> g_gradient_fusion{true};
+std::atomic<bool> g_fp8_linear{false};
 }  // namespace
 
 bool gradient_fusion_enabled() { return g_gradient_fusion.load(); }
 void set_gradient_fusion(bool enabled) { g_gradient_fusion.store(enabled); }
+bool fp8_linear_enabled() { return g_fp8_linear.load(); }
+void set_fp8_linear(bool enabled) { g_fp8_linear.store(enabled); }
+bool fp8_linear_available() {
+#ifdef TRAINER_FP8_LINEAR
+  return true;
+#else
+  return false;
+#endif
+}
 
 namespace {
 
@@ -80,6 +96,76 @@ torch::Tensor fused_gradient_target(const std::vector<torch::Tensor>& weights, c
 #endif
 }
 
+// FP8 (fp8_linear_enabled): a tensor in E4M3 or E5M2 and the inverse of
+// its scale (x = data * inverse_scale up to the cast's rounding), a device
+// scalar: nothing waits for the host.
+struct Fp8Tensor {
+  torch::Tensor data, inverse_scale;
+};
+
+#ifdef TRAINER_FP8_LINEAR
+Fp8Tensor quantize(const torch::Tensor& t, bool e5m2) {
+  const torch::Tensor x = t.contiguous();
+  KernelLaunch launch("fp8_quantize", {x});
+  Fp8Tensor q;
+  q.data = torch::empty(x.sizes(), x.options().dtype(e5m2 ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn));
+  const torch::Tensor scalars = torch::empty({2}, x.options().dtype(torch::kFloat32));
+  kernels::fp8_quantize(x.data_ptr(), x.numel(), e5m2, q.data.data_ptr(), scalars.data_ptr<float>(),
+                        scalars.data_ptr<float>() + 1, launch.stream());
+  check_launch("fp8_quantize");
+  q.inverse_scale = scalars.select(0, 1);
+  return q;
+}
+#endif
+
+// Whether a [rows, inner] x [inner, cols] product runs in FP8: the scaled
+// GEMM takes bf16 inputs' dimensions in multiples of 16.
+bool fp8_fits(const torch::Tensor& a, int64_t rows, int64_t inner, int64_t cols) {
+#ifdef TRAINER_FP8_LINEAR
+  return fp8_linear_enabled() && a.is_cuda() && a.scalar_type() == torch::kBFloat16 && rows % 16 == 0 &&
+         inner % 16 == 0 && cols % 16 == 0 && rows > 0;
+#else
+  (void)a, (void)rows, (void)inner, (void)cols;
+  return false;
+#endif
+}
+
+// y = x W^T + b: in FP8 where fp8_fits (E4M3 both, the GEMM's fast
+// accumulation as the forward's is in the field's FP8 recipes), else LibTorch's linear.
+torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  const int64_t inner = w.size(1), cols = w.size(0), rows = inner > 0 ? x.numel() / inner : 0;
+  if (!fp8_fits(x, rows, inner, cols) || w.scalar_type() != torch::kBFloat16) return torch::linear(x, w, b);
+#ifdef TRAINER_FP8_LINEAR
+  const Fp8Tensor xq = quantize(x.reshape({rows, inner}), false), wq = quantize(w, false);
+  // The scaled GEMM takes its second operand column-major: W^T of a row-major W is.
+  const torch::Tensor y =
+      at::_scaled_mm(xq.data, wq.data.t(), xq.inverse_scale, wq.inverse_scale,
+                     b.defined() ? std::optional<torch::Tensor>(b) : std::nullopt, std::nullopt, torch::kBFloat16,
+                     /*use_fast_accum=*/true);
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = cols;
+  return y.view(sizes);
+#else
+  return torch::Tensor();
+#endif
+}
+
+// dx = dY W: in FP8 where fp8_fits (dY in E5M2 for its range, W in E4M3,
+// exact accumulation), else a bf16 GEMM.
+torch::Tensor input_gradient(const torch::Tensor& dy, const torch::Tensor& w) {
+  const int64_t rows = dy.size(0), inner = w.size(0), cols = w.size(1);
+  if (!fp8_fits(dy, rows, inner, cols) || w.scalar_type() != torch::kBFloat16) return dy.mm(w);
+#ifdef TRAINER_FP8_LINEAR
+  const Fp8Tensor dyq = quantize(dy, true), wq = quantize(w, false);
+  // W as the column-major [out, in] operand: its transpose laid out row-major.
+  const torch::Tensor w_columns = wq.data.t().contiguous().t();
+  return at::_scaled_mm(dyq.data, w_columns, dyq.inverse_scale, wq.inverse_scale, std::nullopt, std::nullopt,
+                        torch::kBFloat16, /*use_fast_accum=*/false);
+#else
+  return torch::Tensor();
+#endif
+}
+
 // The gradients of y = x W^T + b for stacked W: dx (when wanted) and one
 // weight and bias gradient per stacked tensor, as views of one GEMM's result.
 struct LinearGrads {
@@ -95,7 +181,7 @@ LinearGrads linear_backward(const torch::Tensor& dy_in, const torch::Tensor& x, 
   LinearGrads out;
   const torch::Tensor dy = dy_in.reshape({-1, w.size(0)});
   const torch::Tensor x2 = x.reshape({-1, w.size(1)});
-  if (need_dx) out.dx = dy.mm(w).view(x.sizes());
+  if (need_dx) out.dx = input_gradient(dy, w).view(x.sizes());
   torch::Tensor into = fused_gradient_target(weights, dy);
   torch::Tensor dw;
   if (into.defined()) {
@@ -127,7 +213,7 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
     ctx->saved_data["w"] = w;
     ctx->saved_data["weights"] = weights.vec();  // the parameters themselves, for their .grad
     ctx->saved_data["biases"] = static_cast<int64_t>(biases.size());
-    return torch::linear(x, w, b);
+    return product(x, w, b);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -146,9 +232,12 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
 // Inputs, in edge order: s, each of f's parameters, each weight, each bias.
 class LinearOfBackward final : public torch::autograd::Node {
  public:
-  LinearOfBackward(InputFunction f, const torch::Tensor& s, const std::vector<torch::Tensor>& f_params,
-                   torch::Tensor w, std::vector<torch::Tensor> weights, bool with_bias)
-      : f_(std::move(f)), s_(s, /*is_output=*/false), w_(std::move(w)), weights_(std::move(weights)),
+  LinearOfBackward(InputFunction f, const torch::Tensor& s, const std::vector<torch::Tensor>& f_params, torch::Tensor w,
+                   std::vector<torch::Tensor> weights, bool with_bias)
+      : f_(std::move(f)),
+        s_(s, /*is_output=*/false),
+        w_(std::move(w)),
+        weights_(std::move(weights)),
         with_bias_(with_bias) {
     for (const torch::Tensor& p : f_params) params_.emplace_back(p, /*is_output=*/false);
   }
@@ -175,7 +264,8 @@ class LinearOfBackward final : public torch::autograd::Node {
     torch::autograd::variable_list out;
     size_t next = 0;
     out.push_back(s.requires_grad() && next < through_f.size() ? through_f[next++] : torch::Tensor());
-    for (size_t i = 0; i < params.size(); ++i) out.push_back(next < through_f.size() ? through_f[next++] : torch::Tensor());
+    for (size_t i = 0; i < params.size(); ++i)
+      out.push_back(next < through_f.size() ? through_f[next++] : torch::Tensor());
     out.insert(out.end(), g.weights.begin(), g.weights.end());
     out.insert(out.end(), g.biases.begin(), g.biases.end());
     return out;
@@ -192,7 +282,7 @@ class LinearOfBackward final : public torch::autograd::Node {
   InputFunction f_;
   torch::autograd::SavedVariable s_;
   std::vector<torch::autograd::SavedVariable> params_;
-  torch::Tensor w_;  // the stacked weights, a view (zero3 refills their storage for backward)
+  torch::Tensor w_;                     // the stacked weights, a view (zero3 refills their storage for backward)
   std::vector<torch::Tensor> weights_;  // the parameters themselves, for their .grad
   bool with_bias_;
 };
@@ -205,7 +295,9 @@ torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& w
   TORCH_CHECK(biases.empty() || biases.size() == weights.size(), "linear: give no bias or one per weight");
   // One weight goes to LibTorch's linear, unless its gradient may be added
   // in place by the GEMM (CUDA, bf16: fused_gradient_target).
-  const bool may_fuse = x.is_cuda() && x.scalar_type() == torch::kBFloat16 && torch::GradMode::is_enabled();
+  // So do FP8 layers, with or without gradients.
+  const bool may_fuse =
+      x.is_cuda() && x.scalar_type() == torch::kBFloat16 && (torch::GradMode::is_enabled() || fp8_linear_enabled());
   if (weights.size() == 1 && !may_fuse) {
     return torch::linear(x, weights[0], biases.empty() ? torch::Tensor() : biases[0]);
   }
@@ -231,7 +323,7 @@ torch::Tensor linear_of(InputFunction f, const torch::Tensor& s, const std::vect
   torch::Tensor y;
   {
     torch::NoGradGuard no_grad;  // f's output is not kept
-    y = torch::linear(f(s, f_params), w, biases.empty() ? torch::Tensor() : stacked(biases));
+    y = product(f(s, f_params), w, biases.empty() ? torch::Tensor() : stacked(biases));
   }
   auto node = std::make_shared<LinearOfBackward>(std::move(f), s, f_params, w, weights, !biases.empty());
   for (const torch::Tensor& t : inputs) node->add_next_edge(torch::autograd::impl::gradient_edge(t));

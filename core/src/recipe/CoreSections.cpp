@@ -35,8 +35,9 @@ constexpr KeySpec kTrainingKeys[] = {
     {"global_batch_size", VT::Int, "0", "samples per optimizer step; when set, grad_accum_steps is derived from it", 0,
      1 << 30},
     {"precision", VT::String, "'fp32'",
-     "compute precision; bf16 keeps fp32 master weights, optimizer state and gradient accumulation", -kInf, kInf,
-     "fp32|bf16"},
+     "compute precision; bf16 keeps fp32 master weights, optimizer state and gradient accumulation; fp8 is bf16 "
+     "with the blocks' linear layers in FP8 (E4M3 forward, E5M2 gradients, one scale per tensor; CUDA only)",
+     -kInf, kInf, "fp32|bf16|fp8"},
     {"max_grad_norm", VT::Float, "1.0", "clip the global gradient norm to this; 0 turns clipping off", 0, kInf},
     {"on_nonfinite", VT::String, "'error'",
      "a non-finite gradient norm stops the run (error) or skips the update (skip)", -kInf, kInf, "error|skip"},

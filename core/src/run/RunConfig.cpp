@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/Dispatch.h"
 #include "run/DeviceStats.h"
 
 namespace trainer {
@@ -39,8 +40,25 @@ RunConfig run_config(const Recipe& recipe, int world_size) {
   config.datasheet_tflops = recipe.run.real("datasheet_tflops");
   config.steps = recipe.training.integer("steps");
   config.shape = batch_shape(recipe, world_size);
-  config.compute_dtype = recipe.training.text("precision") == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  const std::string precision = recipe.training.text("precision");
+  config.fp8 = precision == "fp8";
+  config.compute_dtype = precision == "bf16" || config.fp8 ? torch::kBFloat16 : torch::kFloat32;
   config.reproducible = recipe.training.boolean("reproducible");
+  if (config.fp8) {
+    if (config.device != "cuda") {
+      recipe.training.fail("precision",
+                           fmt::format("'bf16' or 'fp32' with run.device = '{}' (FP8 GEMMs need CUDA)", config.device));
+    }
+    if (config.reproducible) {
+      recipe.training.fail("precision",
+                           "'bf16' or 'fp32' with training.reproducible = true (FP8's per-tensor scales follow the "
+                           "micro-batch, so its bits cannot be the same across splits)");
+    }
+    if (!ops::fp8_linear_available()) {
+      recipe.training.fail("precision",
+                           "'bf16' or 'fp32': this build has no FP8 linear layers (CUDA and LibTorch 2.9 or later)");
+    }
+  }
   config.reproducible_atom = recipe.training.integer("reproducible_atom");
 
   UpdateRule& update = config.update;

@@ -53,7 +53,8 @@ struct RunConfig {
   double datasheet_tflops = 0;  ///< run.datasheet_tflops; 0: looked up for known CUDA devices
   int64_t steps = 0;
   BatchShape shape;
-  torch::Dtype compute_dtype = torch::kFloat32;  ///< training.precision
+  torch::Dtype compute_dtype = torch::kFloat32;  ///< training.precision (bf16 for "fp8")
+  bool fp8 = false;                              ///< training.precision = "fp8": linear layers in FP8
   bool reproducible = false;
   int64_t reproducible_atom = 1;  ///< samples per forward and backward in reproducible mode
   UpdateRule update;

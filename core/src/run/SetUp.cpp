@@ -11,6 +11,7 @@
 
 #include "checkpoint/Checkpoint.h"
 #include "distributed/Rendezvous.h"
+#include "ops/Dispatch.h"
 #include "run/DeviceStats.h"
 #include "trainer/Errors.h"
 #include "trainer/Log.h"
@@ -64,6 +65,12 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
   run.device = device_of(recipe, config, world);
   if (run.device.is_cuda()) {
     log::info(fmt::format("rank {} (local rank {}) computes on {}", world.rank, world.local_rank, run.device.str()));
+  }
+  ops::set_fp8_linear(config.fp8);
+  if (config.fp8) {
+    log::info(
+        "linear layers in FP8: E4M3 forward, E5M2 output gradients, one power-of-two scale per tensor; "
+        "weight gradients bf16 into fp32; MFU against the bf16 peak");
   }
   run.writer = world.rank == 0;
   if (run.writer) {

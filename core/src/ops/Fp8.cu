@@ -1,0 +1,126 @@
+// FP8 linear layers' quantization (Linear.cpp): a bf16 tensor to E4M3 or
+// E5M2 with one scale for the whole tensor, computed on the device from its
+// largest magnitude (no host sync). Two passes over the bf16 values: the
+// largest |x|, then the scaled cast, saturating at the format's largest
+// finite value. The scale is a power of two, so scaling itself rounds
+// nothing: only the cast to 3 (E4M3) or 2 (E5M2) mantissa bits does.
+#include <cstdint>
+
+#include <cuda_fp8.h>
+
+#include "KernelSupport.cuh"
+
+namespace trainer::ops::kernels {
+namespace {
+
+constexpr unsigned kThreads = 256;
+constexpr float kE4m3Max = 448.0f;
+constexpr float kE5m2Max = 57344.0f;
+
+// Eight bf16 values a thread when the tensor is 16-byte aligned and a multiple of 8 long.
+struct alignas(16) Bf16x8 {
+  __nv_bfloat162 v[4];
+};
+struct alignas(8) Fp8x8 {
+  __nv_fp8x2_storage_t v[4];
+};
+
+// Non-negative floats order as their bits do; NaN's bits exceed +inf's, so NaN wins.
+__device__ inline void atomic_max_magnitude(unsigned* bits, float magnitude) {
+  atomicMax(bits, __float_as_uint(magnitude));
+}
+
+__device__ inline float block_max(float mine) {
+  __shared__ float partial[kThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) mine = fmaxf(mine, __shfl_xor_sync(0xffffffffu, mine, offset));
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = mine;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    mine = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : 0.0f;
+    for (int offset = 16; offset > 0; offset /= 2) mine = fmaxf(mine, __shfl_xor_sync(0xffffffffu, mine, offset));
+  }
+  return mine;
+}
+
+__global__ void amax_kernel(const __nv_bfloat16* x, int64_t n, bool vector, unsigned* amax_bits) {
+  float mine = 0.0f;
+  bool nan = false;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (vector) {
+    const Bf16x8* x8 = reinterpret_cast<const Bf16x8*>(x);
+    for (int64_t i = first; i < n / 8; i += stride) {
+      const Bf16x8 chunk = x8[i];
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(chunk.v[j]);
+        nan = nan || isnan(f.x) || isnan(f.y);
+        mine = fmaxf(mine, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
+    }
+  } else {
+    for (int64_t i = first; i < n; i += stride) {
+      const float f = __bfloat162float(x[i]);
+      nan = nan || isnan(f);
+      mine = fmaxf(mine, fabsf(f));
+    }
+  }
+  const bool any_nan = __syncthreads_or(nan);  // fmaxf drops NaN: it travels beside the maximum
+  mine = block_max(mine);
+  if (threadIdx.x == 0) atomic_max_magnitude(amax_bits, any_nan ? __uint_as_float(0x7fc00000u) : mine);
+}
+
+// The power of two that brings amax to at most the format's largest value;
+// 1 for an all-zero tensor, NaN when amax is not finite (the product is then
+// NaN, and the run's non-finite check stops it instead of training on zeros).
+__device__ inline float scale_of(unsigned amax_bits, float format_max) {
+  const float amax = __uint_as_float(amax_bits);
+  if (!isfinite(amax)) return __uint_as_float(0x7fc00000u);
+  if (amax == 0.0f) return 1.0f;
+  int exponent = 0;
+  frexpf(format_max / amax, &exponent);  // ratio = m 2^exponent, m in [0.5, 1)
+  return ldexpf(1.0f, exponent - 1);
+}
+
+__global__ void quantize_kernel(const __nv_bfloat16* x, int64_t n, bool vector, bool e5m2, const unsigned* amax_bits,
+                                void* out, float* inverse_scale) {
+  const float scale = scale_of(*amax_bits, e5m2 ? kE5m2Max : kE4m3Max);
+  const __nv_fp8_interpretation_t format = e5m2 ? __NV_E5M2 : __NV_E4M3;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *inverse_scale = 1.0f / scale;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (vector) {
+    const Bf16x8* x8 = reinterpret_cast<const Bf16x8*>(x);
+    Fp8x8* out8 = static_cast<Fp8x8*>(out);
+    for (int64_t i = first; i < n / 8; i += stride) {
+      const Bf16x8 chunk = x8[i];
+      Fp8x8 q;
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(chunk.v[j]);
+        q.v[j] = __nv_cvt_float2_to_fp8x2(make_float2(f.x * scale, f.y * scale), __NV_SATFINITE, format);
+      }
+      out8[i] = q;
+    }
+  } else {
+    __nv_fp8_storage_t* out1 = static_cast<__nv_fp8_storage_t*>(out);
+    for (int64_t i = first; i < n; i += stride) {
+      out1[i] = __nv_cvt_float_to_fp8(__bfloat162float(x[i]) * scale, __NV_SATFINITE, format);
+    }
+  }
+}
+
+}  // namespace
+
+void fp8_quantize(const void* x, int64_t n, bool e5m2, void* out, float* scratch, float* inverse_scale,
+                  cudaStream_t stream) {
+  const auto* in = static_cast<const __nv_bfloat16*>(x);
+  const bool vector =
+      n % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  const int64_t items = vector ? n / 8 : n;
+  unsigned* amax_bits = reinterpret_cast<unsigned*>(scratch);
+  cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream);
+  if (n > 0) amax_kernel<<<blocks_for(items, kThreads), kThreads, 0, stream>>>(in, n, vector, amax_bits);
+  quantize_kernel<<<blocks_for(items, kThreads), kThreads, 0, stream>>>(in, n, vector, e5m2, amax_bits, out,
+                                                                        inverse_scale);
+}
+
+}  // namespace trainer::ops::kernels
