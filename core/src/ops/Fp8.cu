@@ -108,7 +108,38 @@ __global__ void quantize_kernel(const __nv_bfloat16* x, int64_t n, bool vector, 
   }
 }
 
+// E4M3 of x * s for a [rows, cols] x, written transposed ([cols, rows]),
+// with s = 1 / *inverse_scale (a scale fp8_quantize computed: the same
+// values, laid out for the scaled GEMM's column-major operand). A 32 x 32
+// tile at a time through shared memory, both reads and writes along rows.
+__global__ void quantize_transposed_kernel(const __nv_bfloat16* x, int64_t rows, int64_t cols,
+                                           const float* inverse_scale, __nv_fp8_storage_t* out) {
+  __shared__ float tile[32][33];
+  const float scale = 1.0f / *inverse_scale;
+  const int64_t c0 = blockIdx.x * int64_t(32), r0 = blockIdx.y * int64_t(32);
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = __bfloat162float(x[r * cols + c]) * scale;
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols)
+      out[c * rows + r] = __nv_cvt_float_to_fp8(tile[threadIdx.x][i], __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
 }  // namespace
+
+bool fp8_quantize_transposed(const void* x, int64_t rows, int64_t cols, const float* inverse_scale, void* out,
+                             cudaStream_t stream) {
+  const int64_t tiles_y = (rows + 31) / 32, tiles_x = (cols + 31) / 32;
+  if (tiles_y > 65535 || tiles_x > (int64_t(1) << 31) - 1) return false;
+  if (rows == 0 || cols == 0) return true;
+  quantize_transposed_kernel<<<dim3(unsigned(tiles_x), unsigned(tiles_y)), dim3(32, 8), 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(x), rows, cols, inverse_scale, static_cast<__nv_fp8_storage_t*>(out));
+  return true;
+}
 
 void fp8_quantize(const void* x, int64_t n, bool e5m2, void* out, float* scratch, float* inverse_scale,
                   cudaStream_t stream) {

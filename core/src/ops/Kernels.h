@@ -77,6 +77,13 @@ void stochastic_round_bf16(const float* src, void* dst, int64_t n, uint64_t stre
 void fp8_quantize(const void* x, int64_t n, bool e5m2, void* out, float* scratch, float* inverse_scale,
                   cudaStream_t stream);
 
+/// E4M3 of a contiguous bf16 [rows, cols] `x` times 1 / *inverse_scale (a
+/// scale fp8_quantize wrote for the same values), written transposed into
+/// `out` ([cols, rows], contiguous). False, launching nothing, when rows
+/// exceed the grid (more than 65535 * 32).
+bool fp8_quantize_transposed(const void* x, int64_t rows, int64_t cols, const float* inverse_scale, void* out,
+                             cudaStream_t stream);
+
 /// The CUDA error of the last launch as text, or nullptr when there was none.
 const char* last_error();
 

@@ -109,11 +109,12 @@ Fp8Tensor quantize(const torch::Tensor& t, bool e5m2) {
   KernelLaunch launch("fp8_quantize", {x});
   Fp8Tensor q;
   q.data = torch::empty(x.sizes(), x.options().dtype(e5m2 ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn));
-  const torch::Tensor scalars = torch::empty({2}, x.options().dtype(torch::kFloat32));
-  kernels::fp8_quantize(x.data_ptr(), x.numel(), e5m2, q.data.data_ptr(), scalars.data_ptr<float>(),
-                        scalars.data_ptr<float>() + 1, launch.stream());
+  // The scale an allocation of its own: cuBLASLt takes scale pointers aligned as allocations are.
+  const torch::Tensor scratch = torch::empty({1}, x.options().dtype(torch::kFloat32));
+  q.inverse_scale = torch::empty({}, x.options().dtype(torch::kFloat32));
+  kernels::fp8_quantize(x.data_ptr(), x.numel(), e5m2, q.data.data_ptr(), scratch.data_ptr<float>(),
+                        q.inverse_scale.data_ptr<float>(), launch.stream());
   check_launch("fp8_quantize");
-  q.inverse_scale = scalars.select(0, 1);
   return q;
 }
 #endif
@@ -132,7 +133,9 @@ bool fp8_fits(const torch::Tensor& a, int64_t rows, int64_t inner, int64_t cols)
 
 // y = x W^T + b: in FP8 where fp8_fits (E4M3 both, the GEMM's fast
 // accumulation as the forward's is in the field's FP8 recipes), else LibTorch's linear.
-torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+// In FP8, *w_inverse_scale (when given) receives W's scale, for the backward.
+torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                      torch::Tensor* w_inverse_scale = nullptr) {
   const int64_t inner = w.size(1), cols = w.size(0), rows = inner > 0 ? x.numel() / inner : 0;
   if (!fp8_fits(x, rows, inner, cols) || w.scalar_type() != torch::kBFloat16) return torch::linear(x, w, b);
 #ifdef TRAINER_FP8_LINEAR
@@ -142,26 +145,40 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const torc
       at::_scaled_mm(xq.data, wq.data.t(), xq.inverse_scale, wq.inverse_scale,
                      b.defined() ? std::optional<torch::Tensor>(b) : std::nullopt, std::nullopt, torch::kBFloat16,
                      /*use_fast_accum=*/true);
+  if (w_inverse_scale != nullptr) *w_inverse_scale = wq.inverse_scale;
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = cols;
   return y.view(sizes);
 #else
+  (void)w_inverse_scale;
   return torch::Tensor();
 #endif
 }
 
 // dx = dY W: in FP8 where fp8_fits (dY in E5M2 for its range, W in E4M3,
-// exact accumulation), else a bf16 GEMM.
-torch::Tensor input_gradient(const torch::Tensor& dy, const torch::Tensor& w) {
+// exact accumulation), else a bf16 GEMM. `w_inverse_scale`: W's scale from
+// the forward (the weights have not changed since), or undefined.
+torch::Tensor input_gradient(const torch::Tensor& dy, const torch::Tensor& w, const torch::Tensor& w_inverse_scale) {
   const int64_t rows = dy.size(0), inner = w.size(0), cols = w.size(1);
   if (!fp8_fits(dy, rows, inner, cols) || w.scalar_type() != torch::kBFloat16) return dy.mm(w);
 #ifdef TRAINER_FP8_LINEAR
-  const Fp8Tensor dyq = quantize(dy, true), wq = quantize(w, false);
-  // W as the column-major [out, in] operand: its transpose laid out row-major.
-  const torch::Tensor w_columns = wq.data.t().contiguous().t();
-  return at::_scaled_mm(dyq.data, w_columns, dyq.inverse_scale, wq.inverse_scale, std::nullopt, std::nullopt,
-                        torch::kBFloat16, /*use_fast_accum=*/false);
+  const Fp8Tensor dyq = quantize(dy, true);
+  // W as the column-major [out, in] operand: W^T laid out row-major, cast
+  // with the forward's scale by one transposing kernel.
+  const torch::Tensor w_scale = w_inverse_scale.defined() ? w_inverse_scale : quantize(w, false).inverse_scale;
+  const torch::Tensor w_rows = w.contiguous();
+  const torch::Tensor w_t = torch::empty({cols, inner}, w_rows.options().dtype(at::kFloat8_e4m3fn));
+  {
+    KernelLaunch launch("fp8_quantize_transposed", {w_rows, w_scale, w_t});
+    TORCH_CHECK(kernels::fp8_quantize_transposed(w_rows.data_ptr(), inner, cols, w_scale.data_ptr<float>(),
+                                                 w_t.data_ptr(), launch.stream()),
+                "fp8_quantize_transposed: ", inner, " rows exceed the kernel's grid");
+    check_launch("fp8_quantize_transposed");
+  }
+  return at::_scaled_mm(dyq.data, w_t.t(), dyq.inverse_scale, w_scale, std::nullopt, std::nullopt, torch::kBFloat16,
+                        /*use_fast_accum=*/false);
 #else
+  (void)w_inverse_scale;
   return torch::Tensor();
 #endif
 }
@@ -176,12 +193,14 @@ struct LinearGrads {
 // `weights`: the stacked tensors themselves (their .grad may take the
 // weight gradient in place, see fused_gradient_target; their gradients are
 // then returned undefined, and autograd adds nothing).
+// `w_scale`: W's FP8 scale from the forward, or undefined.
 LinearGrads linear_backward(const torch::Tensor& dy_in, const torch::Tensor& x, const torch::Tensor& w,
-                            const std::vector<torch::Tensor>& weights, bool with_bias, bool need_dx) {
+                            const std::vector<torch::Tensor>& weights, bool with_bias, bool need_dx,
+                            const torch::Tensor& w_scale) {
   LinearGrads out;
   const torch::Tensor dy = dy_in.reshape({-1, w.size(0)});
   const torch::Tensor x2 = x.reshape({-1, w.size(1)});
-  if (need_dx) out.dx = input_gradient(dy, w).view(x.sizes());
+  if (need_dx) out.dx = input_gradient(dy, w, w_scale).view(x.sizes());
   torch::Tensor into = fused_gradient_target(weights, dy);
   torch::Tensor dw;
   if (into.defined()) {
@@ -213,14 +232,18 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
     ctx->saved_data["w"] = w;
     ctx->saved_data["weights"] = weights.vec();  // the parameters themselves, for their .grad
     ctx->saved_data["biases"] = static_cast<int64_t>(biases.size());
-    return product(x, w, b);
+    torch::Tensor w_scale;
+    const torch::Tensor y = product(x, w, b, &w_scale);
+    ctx->saved_data["w_scale"] = w_scale;
+    return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const torch::Tensor x = ctx->get_saved_variables()[0];
     const torch::Tensor w = ctx->saved_data["w"].toTensor();
     LinearGrads g = linear_backward(grads[0], x, w, ctx->saved_data["weights"].toTensorVector(),
-                                    ctx->saved_data["biases"].toInt() > 0, ctx->needs_input_grad(0));
+                                    ctx->saved_data["biases"].toInt() > 0, ctx->needs_input_grad(0),
+                                    ctx->saved_data["w_scale"].toTensor());
     // One gradient per input tensor, in order: x, then each weight, then each bias.
     variable_list out{g.dx};
     out.insert(out.end(), g.weights.begin(), g.weights.end());
@@ -233,10 +256,11 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
 class LinearOfBackward final : public torch::autograd::Node {
  public:
   LinearOfBackward(InputFunction f, const torch::Tensor& s, const std::vector<torch::Tensor>& f_params, torch::Tensor w,
-                   std::vector<torch::Tensor> weights, bool with_bias)
+                   std::vector<torch::Tensor> weights, bool with_bias, torch::Tensor w_scale)
       : f_(std::move(f)),
         s_(s, /*is_output=*/false),
         w_(std::move(w)),
+        w_scale_(std::move(w_scale)),
         weights_(std::move(weights)),
         with_bias_(with_bias) {
     for (const torch::Tensor& p : f_params) params_.emplace_back(p, /*is_output=*/false);
@@ -252,7 +276,7 @@ class LinearOfBackward final : public torch::autograd::Node {
       torch::AutoGradMode enable(true);
       h = f_(s, params);
     }
-    LinearGrads g = linear_backward(grads[0], h.detach(), w_, weights_, with_bias_, /*need_dx=*/true);
+    LinearGrads g = linear_backward(grads[0], h.detach(), w_, weights_, with_bias_, /*need_dx=*/true, w_scale_);
     std::vector<torch::Tensor> wanted;
     if (s.requires_grad()) wanted.push_back(s);
     wanted.insert(wanted.end(), params.begin(), params.end());
@@ -275,6 +299,7 @@ class LinearOfBackward final : public torch::autograd::Node {
     s_.reset_data();
     for (torch::autograd::SavedVariable& p : params_) p.reset_data();
     w_ = torch::Tensor();
+    w_scale_ = torch::Tensor();
     weights_.clear();
   }
 
@@ -283,6 +308,7 @@ class LinearOfBackward final : public torch::autograd::Node {
   torch::autograd::SavedVariable s_;
   std::vector<torch::autograd::SavedVariable> params_;
   torch::Tensor w_;                     // the stacked weights, a view (zero3 refills their storage for backward)
+  torch::Tensor w_scale_;               // their FP8 scale from the forward, or undefined
   std::vector<torch::Tensor> weights_;  // the parameters themselves, for their .grad
   bool with_bias_;
 };
@@ -320,12 +346,13 @@ torch::Tensor linear_of(InputFunction f, const torch::Tensor& s, const std::vect
   for (const torch::Tensor& t : inputs) any = any || t.requires_grad();
   if (!torch::GradMode::is_enabled() || !any) return linear(f(s, f_params), weights, biases);
   const torch::Tensor w = stacked(weights);
-  torch::Tensor y;
+  torch::Tensor y, w_scale;
   {
     torch::NoGradGuard no_grad;  // f's output is not kept
-    y = product(f(s, f_params), w, biases.empty() ? torch::Tensor() : stacked(biases));
+    y = product(f(s, f_params), w, biases.empty() ? torch::Tensor() : stacked(biases), &w_scale);
   }
-  auto node = std::make_shared<LinearOfBackward>(std::move(f), s, f_params, w, weights, !biases.empty());
+  auto node =
+      std::make_shared<LinearOfBackward>(std::move(f), s, f_params, w, weights, !biases.empty(), std::move(w_scale));
   for (const torch::Tensor& t : inputs) node->add_next_edge(torch::autograd::impl::gradient_edge(t));
   torch::autograd::set_history(y, node);
   return y;
