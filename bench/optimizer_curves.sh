@@ -7,6 +7,8 @@
 #       package's shipped prose, in .cache/corpus/vim-docs.jsonl: bench/text_corpus.py)
 #       tokenized with Qwen3's tokenizer (.cache/tokenizers/qwen3), a 12-layer qwen2 of
 #       hidden 768, 300 steps of 16 x 1024 tokens on CUDA in bf16
+# With VARY=precision (text task): adamw in bf16 against fp8 instead of the
+# three optimizers (issue goal: the last losses within 1%).
 # Prints each run's last losses and compare's summary; the report is OUT/report.html.
 set -euo pipefail
 task=$1
@@ -50,11 +52,20 @@ TOML
   base=("$out/text.toml")
   lr=([adamw]=1e-3 [muon]=1e-3 [lion]=1e-4)
 fi
-for optimizer in adamw muon lion; do
-  rm -rf "$out/$optimizer"
-  "$trainer" run "${base[@]}" --set run.output_dir="$out/$optimizer" --set optimizer.name=$optimizer \
-    --set optimizer.lr=${lr[$optimizer]} --set optimizer.weight_decay=0.1 >"$out/$optimizer.log" 2>&1
-  python3 - "$out/$optimizer/metrics.jsonl" "$optimizer" <<'PY'
+# Each arm: its name, then the optimizer and the precision it runs.
+arms=("adamw adamw bf16" "muon muon bf16" "lion lion bf16")
+[ "${VARY:-optimizer}" = precision ] && arms=("bf16 adamw bf16" "fp8 adamw fp8")
+[ "$task" = quickstart ] && [ "${VARY:-optimizer}" = precision ] && { echo "VARY=precision needs the text task (CUDA)" >&2; exit 2; }
+runs=()
+for arm in "${arms[@]}"; do
+  read -r name optimizer precision <<<"$arm"
+  rm -rf "${out:?}/$name"
+  extra=()
+  [ "$task" = quickstart ] || extra=(--set training.precision=$precision)
+  "$trainer" run "${base[@]}" --set run.output_dir="$out/$name" --set optimizer.name=$optimizer \
+    --set optimizer.lr=${lr[$optimizer]} --set optimizer.weight_decay=0.1 "${extra[@]}" >"$out/$name.log" 2>&1
+  runs+=("$out/$name")
+  python3 - "$out/$name/metrics.jsonl" "$name" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 last = [r["loss"] for r in rows[-20:]]
@@ -62,4 +73,4 @@ print(f"{sys.argv[2]:6s} steps {len(rows)}  loss first {rows[0]['loss']:.4f}  me
       f"  median step {sorted(r['step_seconds'] for r in rows[5:])[len(rows[5:]) // 2] * 1000:.1f} ms")
 PY
 done
-"$trainer" compare "$out/adamw" "$out/muon" "$out/lion" --quiet --html "$out/report.html" || true
+"$trainer" compare "${runs[@]}" --quiet --html "$out/report.html" || true
