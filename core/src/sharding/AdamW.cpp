@@ -137,7 +137,10 @@ void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& 
   if (compute.defined()) compute.view(params.sizes()).copy_(params);
 }
 
-double squared_norm(const torch::Tensor& flat) {
+namespace {
+// The sum of squares of `flat` as an fp64 scalar on its device: fp32
+// chunks' norms squared in fp64, the tail in fp64. Nothing waits for it.
+torch::Tensor squared_norm_on_device(const torch::Tensor& flat) {
   torch::NoGradGuard no_grad;
   constexpr int64_t kChunk = int64_t(1) << 16;
   const torch::Tensor all = flat.reshape({-1});
@@ -148,8 +151,11 @@ double squared_norm(const torch::Tensor& flat) {
         at::linalg_vector_norm(all.narrow(0, 0, whole).view({-1, kChunk}), 2, {1}).to(torch::kFloat64).square().sum();
   }
   if (whole < all.numel()) squares += all.narrow(0, whole, all.numel() - whole).to(torch::kFloat64).square().sum();
-  return squares.item<double>();
+  return squares;
 }
+}  // namespace
+
+double squared_norm(const torch::Tensor& flat) { return squared_norm_on_device(flat).item<double>(); }
 
 double sharded_norm(const std::vector<torch::Tensor>& owned, Comm& comm) {
   if (owned.empty() && comm.world_size() > 1) {
@@ -161,11 +167,16 @@ double sharded_norm(const std::vector<torch::Tensor>& owned, Comm& comm) {
 }
 
 double sharded_norm(const std::vector<torch::Tensor>& owned, Comm& comm, torch::Device device) {
-  double squares = 0.0;
-  for (const torch::Tensor& part : owned) squares += squared_norm(part);
-  if (comm.world_size() == 1) return std::sqrt(squares);
-  torch::Tensor total = torch::tensor({squares}, torch::kFloat64).to(device);
-  comm.all_reduce_sum(total);
+  torch::NoGradGuard no_grad;
+  // The parts' sums added in order in fp64 on the device (the same
+  // additions, and so the same bits, as on the host), then one read: one
+  // host sync a step instead of one per part and a copy back.
+  torch::Tensor total = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+  for (const torch::Tensor& part : owned) total += squared_norm_on_device(part).to(device);
+  if (comm.world_size() > 1) {
+    total = total.reshape({1});
+    comm.all_reduce_sum(total);
+  }
   return std::sqrt(total.item<double>());
 }
 
