@@ -57,7 +57,8 @@ TEST(Cli, BadRecipesExitWithTwoAndNameTheProblem) {
       {base + "[optimizer]\nlr = -1.0\n", "[optimizer] lr = -1.0: expected a finite number >= 0"},
       {"[model]\nname = 'gpt9'\n[dataset]\nname = 'synthetic'\n", "unknown model plugin 'gpt9'; available: qwen2"},
       {base + "[model]\n", "bad.toml"},  // a table defined twice is a TOML error
-      {base + "[training]\nprecision = 'fp8'\n", "bad.toml:6:13: [training] precision: expected 'bf16' or 'fp32' with run.device = 'cpu'"},
+      {base + "[training]\nprecision = 'fp8'\n",
+       "bad.toml:6:13: [training] precision: expected 'bf16' or 'fp32' with run.device = 'cpu'"},
       {base + "[training]\nprecision = 'fp8'\n", "FP8 GEMMs need CUDA"},
       {base + "[run]\ndevice = 'cuda'\n[training]\nprecision = 'fp8'\nreproducible = true\n",
        "its bits cannot be the same across splits"},
