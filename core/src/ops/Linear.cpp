@@ -156,16 +156,16 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const torc
 }
 
 // dx = dY W: in FP8 where fp8_fits (dY in E5M2 for its range, W in E4M3,
-// exact accumulation), else a bf16 GEMM. `w_inverse_scale`: W's scale from
-// the forward (the weights have not changed since), or undefined.
-torch::Tensor input_gradient(const torch::Tensor& dy, const torch::Tensor& w, const torch::Tensor& w_inverse_scale) {
+// exact accumulation), else a bf16 GEMM. `w_scale`: W's scale from the
+// forward (the weights have not changed since); undefined where the forward
+// did not run in FP8, and then neither does this.
+torch::Tensor input_gradient(const torch::Tensor& dy, const torch::Tensor& w, const torch::Tensor& w_scale) {
   const int64_t rows = dy.size(0), inner = w.size(0), cols = w.size(1);
-  if (!fp8_fits(dy, rows, inner, cols) || w.scalar_type() != torch::kBFloat16) return dy.mm(w);
+  if (!w_scale.defined() || !fp8_fits(dy, rows, inner, cols)) return dy.mm(w);
 #ifdef TRAINER_FP8_LINEAR
   const Fp8Tensor dyq = quantize(dy, true);
   // W as the column-major [out, in] operand: W^T laid out row-major, cast
   // with the forward's scale by one transposing kernel.
-  const torch::Tensor w_scale = w_inverse_scale.defined() ? w_inverse_scale : quantize(w, false).inverse_scale;
   const torch::Tensor w_rows = w.contiguous();
   const torch::Tensor w_t = torch::empty({cols, inner}, w_rows.options().dtype(at::kFloat8_e4m3fn));
   {
@@ -178,7 +178,7 @@ torch::Tensor input_gradient(const torch::Tensor& dy, const torch::Tensor& w, co
   return at::_scaled_mm(dyq.data, w_t.t(), dyq.inverse_scale, w_scale, std::nullopt, std::nullopt, torch::kBFloat16,
                         /*use_fast_accum=*/false);
 #else
-  (void)w_inverse_scale;
+  (void)w_scale;
   return torch::Tensor();
 #endif
 }
