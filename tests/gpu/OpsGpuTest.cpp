@@ -283,12 +283,12 @@ TEST(OpsGpu, LinearAddsWeightGradientsIntoBoundFp32Buffers) {
 }
 
 // training.precision = "fp8": the linear layers' products in E4M3 (forward)
-// and E5M2 x E4M3 (input gradient), held to an fp64 reference.
+// and E5M2 x E4M3 (input and weight gradients), held to an fp64 reference.
 // Tolerances from the formats: a cast rounds to 3 (E4M3) or 2 (E5M2)
 // mantissa bits, a relative error of at most 2^-4 or 2^-3 per element. A
 // dot product of independent errors is off by about the root sum of its
 // operands' errors relative to its size: at most sqrt(2) 2^-4 forward and
-// sqrt(2^-6 + 2^-8) for the input gradient. bf16 alone rounds at 2^-9, so
+// sqrt(2^-6 + 2^-8) for both gradients. bf16 alone rounds at 2^-9, so
 // an error above 4e-3 shows the FP8 path ran.
 TEST(OpsGpu, Fp8LinearIsWithinFp8Precision) {
   REQUIRE_CUDA();
@@ -314,10 +314,26 @@ TEST(OpsGpu, Fp8LinearIsWithinFp8Precision) {
   const double dx = relative_error(x.grad(), f64(dy).matmul(f64(w)));
   EXPECT_LT(dx, std::sqrt(std::pow(2.0, -6) + std::pow(2.0, -8)));
   EXPECT_GT(dx, 4e-3) << "no FP8 rounding in the input gradient";
-  // The weight gradient stays bf16.
-  EXPECT_LT(relative_error(w.grad(), f64(dy).reshape({tokens, out}).t().mm(f64(x).reshape({tokens, in}))),
-            tolerance(torch::kBFloat16));
+  const torch::Tensor dw_expected = f64(dy).reshape({tokens, out}).t().mm(f64(x).reshape({tokens, in}));
+  const double dw = relative_error(w.grad(), dw_expected);
+  EXPECT_LT(dw, std::sqrt(std::pow(2.0, -6) + std::pow(2.0, -8)));
+  EXPECT_GT(dw, 4e-3) << "no FP8 rounding in the weight gradient";
+  EXPECT_EQ(w.grad().scalar_type(), torch::kBFloat16);
+  // The bias gradient is a bf16 sum.
   EXPECT_LT(relative_error(b.grad(), f64(dy).reshape({tokens, out}).sum(0)), tolerance(torch::kBFloat16));
+  {
+    // A weight whose .grad a strategy bound to an fp32 buffer: each
+    // micro-step's FP8 weight gradient is added there in fp32 (two
+    // micro-steps: twice the product, to FP8's precision, in the same buffer).
+    const torch::Tensor wb = w.detach().clone().requires_grad_(true);
+    const torch::Tensor buffer = torch::zeros({out, in}, bf16.dtype(torch::kFloat32));
+    wb.mutable_grad() = buffer;
+    for (int micro = 0; micro < 2; ++micro) ops::linear(x.detach(), {wb}, {}).backward(dy);
+    EXPECT_EQ(wb.grad().data_ptr(), buffer.data_ptr());
+    const double accumulated = relative_error(buffer, 2 * dw_expected);
+    EXPECT_LT(accumulated, std::sqrt(std::pow(2.0, -6) + std::pow(2.0, -8)));
+    EXPECT_GT(accumulated, 4e-3) << "no FP8 rounding in the bound weight gradient";
+  }
 
   torch::NoGradGuard no_grad;
   // All zeros: scale 1, the product exactly the bias.

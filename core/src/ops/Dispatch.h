@@ -85,9 +85,10 @@ void set_gradient_fusion(bool enabled);
 /// (training.precision = "fp8"): E4M3 forward, E5M2 output gradient, each
 /// tensor with one scale from its largest magnitude, through cuBLASLt's
 /// scaled GEMM; only bf16 CUDA tensors whose dimensions are multiples of 16
-/// (the others, and every build without the scaled GEMM, stay bf16). The
-/// weight gradient stays a bf16 GEMM into fp32. Process-wide; set before
-/// training starts.
+/// (the others, and every build without the scaled GEMM, stay bf16). All
+/// three products in FP8 (forward, input and weight gradients); the weight
+/// gradient is added in fp32 into the weights' fp32 gradients as in bf16.
+/// Process-wide; set before training starts.
 bool fp8_linear_enabled();
 void set_fp8_linear(bool enabled);
 /// Whether this build can compute linear layers in FP8 at all (CUDA kernels

@@ -108,37 +108,58 @@ __global__ void quantize_kernel(const __nv_bfloat16* x, int64_t n, bool vector, 
   }
 }
 
-// E4M3 of x * s for a [rows, cols] x, written transposed ([cols, rows]),
-// with s = 1 / *inverse_scale (a scale fp8_quantize computed: the same
-// values, laid out for the scaled GEMM's column-major operand). A 32 x 32
-// tile at a time through shared memory, both reads and writes along rows.
-__global__ void quantize_transposed_kernel(const __nv_bfloat16* x, int64_t rows, int64_t cols,
-                                           const float* inverse_scale, __nv_fp8_storage_t* out) {
+// E4M3 (or E5M2) of x * s for a [rows, cols] x, written transposed
+// ([cols, rows]) into out_t and, when out_rows is not null, also as laid out
+// into out_rows: one read of x for both. s is the scale of *amax_bits when
+// given (the largest magnitude amax_kernel found; block (0, 0) then writes
+// 1 / s to *inverse_scale), else 1 / *inverse_scale (a scale computed
+// before: the same values, laid out for the scaled GEMM's other operand). A
+// 32 x 32 tile at a time through shared memory, reads and writes along rows.
+__global__ void quantize_transposed_kernel(const __nv_bfloat16* x, int64_t rows, int64_t cols, bool e5m2,
+                                           const unsigned* amax_bits, float* inverse_scale, __nv_fp8_storage_t* out_t,
+                                           __nv_fp8_storage_t* out_rows) {
   __shared__ float tile[32][33];
-  const float scale = 1.0f / *inverse_scale;
+  const __nv_fp8_interpretation_t format = e5m2 ? __NV_E5M2 : __NV_E4M3;
+  const float scale = amax_bits != nullptr ? scale_of(*amax_bits, e5m2 ? kE5m2Max : kE4m3Max) : 1.0f / *inverse_scale;
+  if (amax_bits != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+    *inverse_scale = 1.0f / scale;
   const int64_t c0 = blockIdx.x * int64_t(32), r0 = blockIdx.y * int64_t(32);
   for (int i = threadIdx.y; i < 32; i += blockDim.y) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
-    if (r < rows && c < cols) tile[i][threadIdx.x] = __bfloat162float(x[r * cols + c]) * scale;
+    if (r < rows && c < cols) {
+      const float v = __bfloat162float(x[r * cols + c]) * scale;
+      tile[i][threadIdx.x] = v;
+      if (out_rows != nullptr) out_rows[r * cols + c] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, format);
+    }
   }
   __syncthreads();
   for (int i = threadIdx.y; i < 32; i += blockDim.y) {
     const int64_t c = c0 + i, r = r0 + threadIdx.x;
-    if (r < rows && c < cols)
-      out[c * rows + r] = __nv_cvt_float_to_fp8(tile[threadIdx.x][i], __NV_SATFINITE, __NV_E4M3);
+    if (r < rows && c < cols) out_t[c * rows + r] = __nv_cvt_float_to_fp8(tile[threadIdx.x][i], __NV_SATFINITE, format);
   }
 }
 
 }  // namespace
 
-bool fp8_quantize_transposed(const void* x, int64_t rows, int64_t cols, const float* inverse_scale, void* out,
-                             cudaStream_t stream) {
+bool fp8_quantize_transposed(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* amax,
+                             float* inverse_scale, void* out_t, void* out_rows, cudaStream_t stream) {
   const int64_t tiles_y = (rows + 31) / 32, tiles_x = (cols + 31) / 32;
   if (tiles_y > 65535 || tiles_x > (int64_t(1) << 31) - 1) return false;
   if (rows == 0 || cols == 0) return true;
   quantize_transposed_kernel<<<dim3(unsigned(tiles_x), unsigned(tiles_y)), dim3(32, 8), 0, stream>>>(
-      static_cast<const __nv_bfloat16*>(x), rows, cols, inverse_scale, static_cast<__nv_fp8_storage_t*>(out));
+      static_cast<const __nv_bfloat16*>(x), rows, cols, e5m2, reinterpret_cast<const unsigned*>(amax), inverse_scale,
+      static_cast<__nv_fp8_storage_t*>(out_t), static_cast<__nv_fp8_storage_t*>(out_rows));
   return true;
+}
+
+void fp8_amax(const void* x, int64_t n, float* amax, cudaStream_t stream) {
+  const bool vector = n % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  unsigned* amax_bits = reinterpret_cast<unsigned*>(amax);
+  cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream);
+  if (n > 0) {
+    amax_kernel<<<blocks_for(vector ? n / 8 : n, kThreads), kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x),
+                                                                                   n, vector, amax_bits);
+  }
 }
 
 void fp8_quantize(const void* x, int64_t n, bool e5m2, void* out, float* scratch, float* inverse_scale,

@@ -77,12 +77,19 @@ void stochastic_round_bf16(const float* src, void* dst, int64_t n, uint64_t stre
 void fp8_quantize(const void* x, int64_t n, bool e5m2, void* out, float* scratch, float* inverse_scale,
                   cudaStream_t stream);
 
-/// E4M3 of a contiguous bf16 [rows, cols] `x` times 1 / *inverse_scale (a
-/// scale fp8_quantize wrote for the same values), written transposed into
-/// `out` ([cols, rows], contiguous). False, launching nothing, when rows
-/// exceed the grid (more than 65535 * 32).
-bool fp8_quantize_transposed(const void* x, int64_t rows, int64_t cols, const float* inverse_scale, void* out,
-                             cudaStream_t stream);
+/// The largest magnitude of `n` contiguous bf16 values into *amax (device
+/// memory, overwritten; NaN when any value is NaN), for fp8_quantize_transposed.
+void fp8_amax(const void* x, int64_t n, float* amax, cudaStream_t stream);
+
+/// E4M3 (or E5M2) of a contiguous bf16 [rows, cols] `x` times s, saturating,
+/// written transposed into `out_t` ([cols, rows], contiguous) and, when
+/// `out_rows` is not null, also as laid out into `out_rows`. s: from `amax`
+/// when not null (fp8_amax's result; the power of two fp8_quantize would
+/// choose, its inverse written to *inverse_scale), else 1 / *inverse_scale
+/// (a scale computed before for the same values). False, launching nothing,
+/// when rows exceed the grid (more than 65535 * 32).
+bool fp8_quantize_transposed(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* amax,
+                             float* inverse_scale, void* out_t, void* out_rows, cudaStream_t stream);
 
 /// The CUDA error of the last launch as text, or nullptr when there was none.
 const char* last_error();

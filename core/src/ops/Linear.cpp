@@ -133,9 +133,12 @@ bool fp8_fits(const torch::Tensor& a, int64_t rows, int64_t inner, int64_t cols)
 
 // y = x W^T + b: in FP8 where fp8_fits (E4M3 both, the GEMM's fast
 // accumulation as the forward's is in the field's FP8 recipes), else LibTorch's linear.
-// In FP8, *w_inverse_scale (when given) receives W's scale, for the backward.
+// In FP8, `scales` (when given) receives x's and W's scales, for the backward.
+struct Fp8Scales {
+  torch::Tensor x, w;  // the inverse scales; undefined where the product did not run in FP8
+};
 torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                      torch::Tensor* w_inverse_scale = nullptr) {
+                      Fp8Scales* scales = nullptr) {
   const int64_t inner = w.size(1), cols = w.size(0), rows = inner > 0 ? x.numel() / inner : 0;
   if (!fp8_fits(x, rows, inner, cols) || w.scalar_type() != torch::kBFloat16) return torch::linear(x, w, b);
 #ifdef TRAINER_FP8_LINEAR
@@ -145,42 +148,91 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const torc
       at::_scaled_mm(xq.data, wq.data.t(), xq.inverse_scale, wq.inverse_scale,
                      b.defined() ? std::optional<torch::Tensor>(b) : std::nullopt, std::nullopt, torch::kBFloat16,
                      /*use_fast_accum=*/true);
-  if (w_inverse_scale != nullptr) *w_inverse_scale = wq.inverse_scale;
+  if (scales != nullptr) *scales = Fp8Scales{xq.inverse_scale, wq.inverse_scale};
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = cols;
   return y.view(sizes);
 #else
-  (void)w_inverse_scale;
+  (void)scales;
   return torch::Tensor();
 #endif
 }
 
-// dx = dY W: in FP8 where fp8_fits (dY in E5M2 for its range, W in E4M3,
-// exact accumulation), else a bf16 GEMM. `w_scale`: W's scale from the
-// forward (the weights have not changed since); undefined where the forward
-// did not run in FP8, and then neither does this.
-torch::Tensor input_gradient(const torch::Tensor& dy, const torch::Tensor& w, const torch::Tensor& w_scale) {
-  const int64_t rows = dy.size(0), inner = w.size(0), cols = w.size(1);
-  if (!w_scale.defined() || !fp8_fits(dy, rows, inner, cols)) return dy.mm(w);
 #ifdef TRAINER_FP8_LINEAR
-  const Fp8Tensor dyq = quantize(dy, true);
-  // W as the column-major [out, in] operand: W^T laid out row-major, cast
-  // with the forward's scale by one transposing kernel.
-  const torch::Tensor w_rows = w.contiguous();
-  const torch::Tensor w_t = torch::empty({cols, inner}, w_rows.options().dtype(at::kFloat8_e4m3fn));
-  {
-    KernelLaunch launch("fp8_quantize_transposed", {w_rows, w_scale, w_t});
-    TORCH_CHECK(kernels::fp8_quantize_transposed(w_rows.data_ptr(), inner, cols, w_scale.data_ptr<float>(),
-                                                 w_t.data_ptr(), launch.stream()),
-                "fp8_quantize_transposed: ", inner, " rows exceed the kernel's grid");
-    check_launch("fp8_quantize_transposed");
-  }
-  return at::_scaled_mm(dyq.data, w_t.t(), dyq.inverse_scale, w_scale, std::nullopt, std::nullopt, torch::kBFloat16,
-                        /*use_fast_accum=*/false);
-#else
-  (void)w_scale;
-  return torch::Tensor();
+// A contiguous bf16 [rows, cols] `t` cast transposed ([cols, rows]) for the
+// scaled GEMM's column-major operand, with the scale `inverse_scale` holds
+// (computed before for the same values).
+torch::Tensor quantize_transposed(const torch::Tensor& t, bool e5m2, const torch::Tensor& inverse_scale) {
+  const torch::Tensor x = t.contiguous();
+  const torch::Tensor out =
+      torch::empty({x.size(1), x.size(0)}, x.options().dtype(e5m2 ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn));
+  KernelLaunch launch("fp8_quantize_transposed", {x, inverse_scale, out});
+  TORCH_CHECK(
+      kernels::fp8_quantize_transposed(x.data_ptr(), x.size(0), x.size(1), e5m2, nullptr,
+                                       inverse_scale.data_ptr<float>(), out.data_ptr(), nullptr, launch.stream()),
+      "fp8_quantize_transposed: ", x.size(0), " rows exceed the kernel's grid");
+  check_launch("fp8_quantize_transposed");
+  return out;
+}
+
+// A contiguous bf16 [rows, cols] `t` cast with a scale of its own, both as
+// laid out (the result) and transposed (*transposed): one pass for the
+// largest magnitude, one that reads t once and writes both.
+Fp8Tensor quantize_both(const torch::Tensor& t, bool e5m2, torch::Tensor* transposed) {
+  const torch::Tensor x = t.contiguous();
+  const auto fp8 = x.options().dtype(e5m2 ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn);
+  Fp8Tensor q;
+  q.data = torch::empty(x.sizes(), fp8);
+  *transposed = torch::empty({x.size(1), x.size(0)}, fp8);
+  const torch::Tensor amax = torch::empty({1}, x.options().dtype(torch::kFloat32));
+  q.inverse_scale = torch::empty({}, x.options().dtype(torch::kFloat32));
+  KernelLaunch launch("fp8_quantize_both", {x, q.data, *transposed});
+  kernels::fp8_amax(x.data_ptr(), x.numel(), amax.data_ptr<float>(), launch.stream());
+  TORCH_CHECK(kernels::fp8_quantize_transposed(x.data_ptr(), x.size(0), x.size(1), e5m2, amax.data_ptr<float>(),
+                                               q.inverse_scale.data_ptr<float>(), transposed->data_ptr(),
+                                               q.data.data_ptr(), launch.stream()),
+              "fp8_quantize_transposed: ", x.size(0), " rows exceed the kernel's grid");
+  check_launch("fp8_quantize_both");
+  return q;
+}
 #endif
+
+// The gradients of y = x W^T + b where the forward ran in FP8 (its scales
+// `scales`), all three products scaled GEMMs: dY in E5M2 for its range
+// (cast once, read once, laid out both ways), x and W in E4M3 with the
+// forward's scales (the values have not changed since), exact accumulation.
+// dx = dY W when `need_dx`; the weight gradient dY^T x added in fp32 into
+// `into` when defined (see fused_gradient_target), else returned in bf16.
+// Undefined tensors where the build has no scaled GEMM (never called then).
+struct Fp8Grads {
+  torch::Tensor dx, dw;
+};
+Fp8Grads fp8_backward(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& w, const Fp8Scales& scales,
+                      bool need_dx, const torch::Tensor& into) {
+  Fp8Grads g;
+#ifdef TRAINER_FP8_LINEAR
+  torch::Tensor dy_t;
+  const Fp8Tensor dyq = quantize_both(dy, true, &dy_t);
+  if (need_dx) {
+    // W as the column-major [out, in] operand: W^T laid out row-major.
+    const torch::Tensor w_t = quantize_transposed(w, false, scales.w);
+    g.dx = at::_scaled_mm(dyq.data, w_t.t(), dyq.inverse_scale, scales.w, std::nullopt, std::nullopt, torch::kBFloat16,
+                          /*use_fast_accum=*/false);
+  }
+  // dW = dY^T x: dY^T row-major, x as the column-major [tokens, in] operand (x^T laid out row-major).
+  const torch::Tensor x_t = quantize_transposed(x, false, scales.x);
+  if (into.defined()) {
+    torch::NoGradGuard no_grad;
+    into.add_(at::_scaled_mm(dy_t, x_t.t(), dyq.inverse_scale, scales.x, std::nullopt, std::nullopt, torch::kFloat32,
+                             /*use_fast_accum=*/false));
+  } else {
+    g.dw = at::_scaled_mm(dy_t, x_t.t(), dyq.inverse_scale, scales.x, std::nullopt, std::nullopt, torch::kBFloat16,
+                          /*use_fast_accum=*/false);
+  }
+#else
+  (void)dy, (void)x, (void)w, (void)scales, (void)need_dx, (void)into;
+#endif
+  return g;
 }
 
 // The gradients of y = x W^T + b for stacked W: dx (when wanted) and one
@@ -193,23 +245,29 @@ struct LinearGrads {
 // `weights`: the stacked tensors themselves (their .grad may take the
 // weight gradient in place, see fused_gradient_target; their gradients are
 // then returned undefined, and autograd adds nothing).
-// `w_scale`: W's FP8 scale from the forward, or undefined.
+// `scales`: the forward's FP8 scales; undefined where it ran in bf16.
 LinearGrads linear_backward(const torch::Tensor& dy_in, const torch::Tensor& x, const torch::Tensor& w,
                             const std::vector<torch::Tensor>& weights, bool with_bias, bool need_dx,
-                            const torch::Tensor& w_scale) {
+                            const Fp8Scales& scales) {
   LinearGrads out;
   const torch::Tensor dy = dy_in.reshape({-1, w.size(0)});
   const torch::Tensor x2 = x.reshape({-1, w.size(1)});
-  if (need_dx) out.dx = input_gradient(dy, w, w_scale).view(x.sizes());
   torch::Tensor into = fused_gradient_target(weights, dy);
   torch::Tensor dw;
-  if (into.defined()) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
-    torch::NoGradGuard no_grad;
-    at::addmm_out(into, into, dy.t(), x2, torch::kFloat32);
-#endif
+  if (scales.w.defined() && scales.x.defined() && fp8_fits(dy, dy.size(0), w.size(0), w.size(1))) {
+    Fp8Grads g = fp8_backward(dy, x2, w, scales, need_dx, into);
+    if (need_dx) out.dx = g.dx.view(x.sizes());
+    dw = g.dw;  // undefined when added into `into`
   } else {
-    dw = dy.t().mm(x2);
+    if (need_dx) out.dx = dy.mm(w).view(x.sizes());
+    if (into.defined()) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+      torch::NoGradGuard no_grad;
+      at::addmm_out(into, into, dy.t(), x2, torch::kFloat32);
+#endif
+    } else {
+      dw = dy.t().mm(x2);
+    }
   }
   const torch::Tensor db = with_bias ? dy.sum(0) : torch::Tensor();
   int64_t offset = 0;
@@ -232,18 +290,20 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
     ctx->saved_data["w"] = w;
     ctx->saved_data["weights"] = weights.vec();  // the parameters themselves, for their .grad
     ctx->saved_data["biases"] = static_cast<int64_t>(biases.size());
-    torch::Tensor w_scale;
-    const torch::Tensor y = product(x, w, b, &w_scale);
-    ctx->saved_data["w_scale"] = w_scale;
+    Fp8Scales scales;
+    const torch::Tensor y = product(x, w, b, &scales);
+    ctx->saved_data["x_scale"] = scales.x;
+    ctx->saved_data["w_scale"] = scales.w;
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const torch::Tensor x = ctx->get_saved_variables()[0];
     const torch::Tensor w = ctx->saved_data["w"].toTensor();
-    LinearGrads g = linear_backward(grads[0], x, w, ctx->saved_data["weights"].toTensorVector(),
-                                    ctx->saved_data["biases"].toInt() > 0, ctx->needs_input_grad(0),
-                                    ctx->saved_data["w_scale"].toTensor());
+    LinearGrads g =
+        linear_backward(grads[0], x, w, ctx->saved_data["weights"].toTensorVector(),
+                        ctx->saved_data["biases"].toInt() > 0, ctx->needs_input_grad(0),
+                        Fp8Scales{ctx->saved_data["x_scale"].toTensor(), ctx->saved_data["w_scale"].toTensor()});
     // One gradient per input tensor, in order: x, then each weight, then each bias.
     variable_list out{g.dx};
     out.insert(out.end(), g.weights.begin(), g.weights.end());
@@ -256,11 +316,11 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
 class LinearOfBackward final : public torch::autograd::Node {
  public:
   LinearOfBackward(InputFunction f, const torch::Tensor& s, const std::vector<torch::Tensor>& f_params, torch::Tensor w,
-                   std::vector<torch::Tensor> weights, bool with_bias, torch::Tensor w_scale)
+                   std::vector<torch::Tensor> weights, bool with_bias, Fp8Scales scales)
       : f_(std::move(f)),
         s_(s, /*is_output=*/false),
         w_(std::move(w)),
-        w_scale_(std::move(w_scale)),
+        scales_(std::move(scales)),
         weights_(std::move(weights)),
         with_bias_(with_bias) {
     for (const torch::Tensor& p : f_params) params_.emplace_back(p, /*is_output=*/false);
@@ -276,7 +336,7 @@ class LinearOfBackward final : public torch::autograd::Node {
       torch::AutoGradMode enable(true);
       h = f_(s, params);
     }
-    LinearGrads g = linear_backward(grads[0], h.detach(), w_, weights_, with_bias_, /*need_dx=*/true, w_scale_);
+    LinearGrads g = linear_backward(grads[0], h.detach(), w_, weights_, with_bias_, /*need_dx=*/true, scales_);
     std::vector<torch::Tensor> wanted;
     if (s.requires_grad()) wanted.push_back(s);
     wanted.insert(wanted.end(), params.begin(), params.end());
@@ -299,7 +359,7 @@ class LinearOfBackward final : public torch::autograd::Node {
     s_.reset_data();
     for (torch::autograd::SavedVariable& p : params_) p.reset_data();
     w_ = torch::Tensor();
-    w_scale_ = torch::Tensor();
+    scales_ = Fp8Scales{};
     weights_.clear();
   }
 
@@ -308,7 +368,7 @@ class LinearOfBackward final : public torch::autograd::Node {
   torch::autograd::SavedVariable s_;
   std::vector<torch::autograd::SavedVariable> params_;
   torch::Tensor w_;                     // the stacked weights, a view (zero3 refills their storage for backward)
-  torch::Tensor w_scale_;               // their FP8 scale from the forward, or undefined
+  Fp8Scales scales_;                    // the forward's FP8 scales (f's output's and W's), or undefined
   std::vector<torch::Tensor> weights_;  // the parameters themselves, for their .grad
   bool with_bias_;
 };
@@ -346,13 +406,14 @@ torch::Tensor linear_of(InputFunction f, const torch::Tensor& s, const std::vect
   for (const torch::Tensor& t : inputs) any = any || t.requires_grad();
   if (!torch::GradMode::is_enabled() || !any) return linear(f(s, f_params), weights, biases);
   const torch::Tensor w = stacked(weights);
-  torch::Tensor y, w_scale;
+  torch::Tensor y;
+  Fp8Scales scales;
   {
     torch::NoGradGuard no_grad;  // f's output is not kept
-    y = product(f(s, f_params), w, biases.empty() ? torch::Tensor() : stacked(biases), &w_scale);
+    y = product(f(s, f_params), w, biases.empty() ? torch::Tensor() : stacked(biases), &scales);
   }
   auto node =
-      std::make_shared<LinearOfBackward>(std::move(f), s, f_params, w, weights, !biases.empty(), std::move(w_scale));
+      std::make_shared<LinearOfBackward>(std::move(f), s, f_params, w, weights, !biases.empty(), std::move(scales));
   for (const torch::Tensor& t : inputs) node->add_next_edge(torch::autograd::impl::gradient_edge(t));
   torch::autograd::set_history(y, node);
   return y;

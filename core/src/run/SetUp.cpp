@@ -70,7 +70,7 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
   if (config.fp8) {
     log::info(
         "linear layers in FP8: E4M3 forward, E5M2 output gradients, one power-of-two scale per tensor; "
-        "weight gradients bf16 into fp32; MFU against the bf16 peak");
+        "weight gradients E5M2 x E4M3 added into fp32; MFU against the bf16 peak");
   }
   run.writer = world.rank == 0;
   if (run.writer) {
