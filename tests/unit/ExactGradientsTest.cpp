@@ -129,6 +129,57 @@ TEST(ExactGradients, AGrowingGradientRunsThePassAgainInsteadOfWrapping) {
   EXPECT_TRUE(torch::allclose(sum[1].to(torch::kFloat64), ref, 1e-6, 0.0));
 }
 
+// Parameters that interleave the groups (decay, no decay, decay), the first
+// longer than reduce()'s conversion chunk, so the sum crosses chunk borders
+// and each group is filled from two parameters. Contributions on a grid of
+// 2^-10 within +-4: every partial sum is exact in fp64 and fp32, so the
+// reduced groups must equal the fp64 sum exactly, element by element.
+class ThreeParameters : public Model {
+ public:
+  ThreeParameters()
+      : big_(torch::zeros({ExactGradients::kConvertChunk + 37}).requires_grad_()),
+        bias_(torch::zeros({5}).requires_grad_()),
+        small_(torch::zeros({3, 4}).requires_grad_()) {}
+  std::vector<NamedParameter> parameters() override {
+    return {{"big", big_, true}, {"bias", bias_, false}, {"small", small_, true}};
+  }
+  LossSum forward(const Batch&) override { return {}; }
+  int64_t vocab_size() const override { return 1; }
+  void push(const std::vector<torch::Tensor>& c) {
+    ((big_ * c[0]).sum() + (bias_ * c[1]).sum() + (small_ * c[2]).sum()).backward();
+  }
+  std::vector<torch::Tensor> shapes() const { return {big_, bias_, small_}; }
+
+ private:
+  torch::Tensor big_, bias_, small_;
+};
+
+TEST(ExactGradients, ReducedGroupsAreTheExactSumAcrossConversionChunks) {
+  ThreeParameters model;
+  const std::unique_ptr<Comm> comm = make_single_process_comm();
+  torch::manual_seed(13);
+  std::vector<std::vector<torch::Tensor>> parts(3);
+  for (auto& part : parts) {
+    for (const torch::Tensor& p : model.shapes()) part.push_back(torch::round(torch::randn(p.sizes()) * 1024) / 1024);
+  }
+  ExactGradients exact(model, 3, torch::kCPU);
+  std::vector<torch::Tensor> got;
+  for (int pass = 0; pass < 2 && got.empty(); ++pass) {
+    exact.begin_pass(3);
+    for (const auto& part : parts) model.push(part);
+    if (exact.end_pass(*comm)) got = exact.reduce(*comm);
+  }
+  ASSERT_EQ(got.size(), 2u);
+  std::vector<torch::Tensor> sums;
+  for (size_t p = 0; p < 3; ++p) {
+    torch::Tensor sum = torch::zeros({parts[0][p].numel()}, torch::kFloat64);
+    for (const auto& part : parts) sum += part[p].reshape({-1}).to(torch::kFloat64);
+    sums.push_back(sum.to(torch::kFloat32));
+  }
+  EXPECT_TRUE(torch::equal(got[0], torch::cat({sums[0], sums[2]})));  // decay: big, then small
+  EXPECT_TRUE(torch::equal(got[1], sums[1]));                         // no decay: bias
+}
+
 TEST(ExactGradients, NonFiniteContributionsAreReported) {
   TwoParameters model;
   const std::unique_ptr<Comm> comm = make_single_process_comm();

@@ -1,6 +1,7 @@
 // Fixed-point gradient accumulation for reproducible mode (see ExactGradients.h).
 #include "reproducible/ExactGradients.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -141,24 +142,41 @@ bool ExactGradients::end_pass(Comm& comm) {
 std::vector<torch::Tensor> ExactGradients::reduce(Comm& comm) {
   torch::NoGradGuard no_grad;
   if (comm.world_size() > 1) comm.all_reduce_sum(accumulator_);
-  std::vector<torch::Tensor> decay, no_decay;
-  for (size_t i = 0; i < parameters_.size(); ++i) {
-    const int64_t numel = parameters_[i].tensor.numel();
-    const torch::Tensor q = accumulator_.narrow(0, offsets_[i], numel);
-    // int64 -> fp64 rounds only sums beyond 2^53, -> fp32 once more; both
-    // round to nearest, so equal integers give equal bits.
-    const torch::Tensor g =
-        exponents_[i] == kUnknown
-            ? torch::zeros({numel}, q.options().dtype(torch::kFloat32))
-            : (q.to(torch::kFloat64) * std::ldexp(1.0, -static_cast<int>(exponents_[i]))).to(torch::kFloat32);
-    (parameters_[i].decay ? decay : no_decay).push_back(g);
+  // Each group is allocated once and written in place, a bounded chunk of a
+  // parameter at a time: the transient memory is one fp32 copy of the
+  // gradient and kConvertChunk fp64 values, not per-parameter results kept
+  // for a concatenation (which held the gradient twice).
+  int64_t sizes[2] = {0, 0};
+  for (const NamedParameter& p : parameters_) sizes[p.decay ? 0 : 1] += p.tensor.numel();
+  torch::Tensor groups[2];
+  int64_t filled[2] = {0, 0};
+  for (int g = 0; g < 2; ++g) {
+    if (sizes[g] > 0) groups[g] = torch::empty({sizes[g]}, accumulator_.options().dtype(torch::kFloat32));
   }
-  std::vector<torch::Tensor> groups;
-  for (const auto* group : {&decay, &no_decay}) {
-    if (!group->empty()) groups.push_back(torch::cat(*group));
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const int g = parameters_[i].decay ? 0 : 1;
+    const int64_t numel = parameters_[i].tensor.numel();
+    const torch::Tensor into = groups[g].narrow(0, filled[g], numel);
+    filled[g] += numel;
+    if (exponents_[i] == kUnknown) {
+      into.zero_();
+      continue;
+    }
+    // int64 -> fp64 rounds only sums beyond 2^53, the power of two nothing,
+    // -> fp32 (the copy) once more; all round to nearest, so equal integers
+    // give equal bits.
+    const double scale = std::ldexp(1.0, -static_cast<int>(exponents_[i]));
+    for (int64_t start = 0; start < numel; start += kConvertChunk) {
+      const int64_t n = std::min(kConvertChunk, numel - start);
+      into.narrow(0, start, n).copy_(accumulator_.narrow(0, offsets_[i] + start, n).to(torch::kFloat64).mul_(scale));
+    }
+  }
+  std::vector<torch::Tensor> out;
+  for (const torch::Tensor& group : groups) {
+    if (group.defined()) out.push_back(group);
   }
   exponents_ = pending_;  // the next step's scales follow this step's contributions
-  return groups;
+  return out;
 }
 
 void ExactGradients::set_exponents(const std::vector<int64_t>& exponents) {

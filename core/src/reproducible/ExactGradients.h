@@ -65,6 +65,9 @@ class ExactGradients {
   /// count other than the parameters'.
   void set_exponents(const std::vector<int64_t>& exponents);
   static constexpr int64_t kUnknown = INT64_MIN;
+  /// reduce() converts the fixed-point sums to fp32 this many elements at a
+  /// time (its fp64 scratch: 8 MiB).
+  static constexpr int64_t kConvertChunk = int64_t(1) << 20;
 
  private:
   void add(size_t parameter, const torch::Tensor& gradient);
