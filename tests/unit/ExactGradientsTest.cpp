@@ -178,6 +178,8 @@ TEST(ExactGradients, ReducedGroupsAreTheExactSumAcrossConversionChunks) {
   }
   EXPECT_TRUE(torch::equal(got[0], torch::cat({sums[0], sums[2]})));  // decay: big, then small
   EXPECT_TRUE(torch::equal(got[1], sums[1]));                         // no decay: bias
+  // Converted where the integers were: both groups in one buffer, no copy of the gradient.
+  EXPECT_TRUE(got[0].storage().is_alias_of(got[1].storage()));
 }
 
 TEST(ExactGradients, NonFiniteContributionsAreReported) {

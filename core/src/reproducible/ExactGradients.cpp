@@ -24,11 +24,19 @@ int ceil_log2(int64_t n) {
 
 ExactGradients::ExactGradients(Model& model, int64_t atoms, torch::Device device)
     : parameters_(model.parameters()), bits_(61 - ceil_log2(std::max<int64_t>(1, atoms))) {
+  // Laid out as reduce() returns the sum: the decay group's parameters, then
+  // the others, each in the model's order. reduce() then converts in place.
+  offsets_.assign(parameters_.size(), 0);
   int64_t total = 0;
-  for (const NamedParameter& p : parameters_) {
-    offsets_.push_back(total);
-    total += p.tensor.numel();
+  for (const bool decay : {true, false}) {
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      if (parameters_[i].decay != decay) continue;
+      offsets_[i] = total;
+      total += parameters_[i].tensor.numel();
+    }
   }
+  decay_elements_ = 0;
+  for (const NamedParameter& p : parameters_) decay_elements_ += p.decay ? p.tensor.numel() : 0;
   accumulator_ = torch::zeros({total}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   largest_ = torch::zeros({static_cast<int64_t>(parameters_.size())},
                           torch::TensorOptions().dtype(torch::kFloat64).device(device));
@@ -142,22 +150,18 @@ bool ExactGradients::end_pass(Comm& comm) {
 std::vector<torch::Tensor> ExactGradients::reduce(Comm& comm) {
   torch::NoGradGuard no_grad;
   if (comm.world_size() > 1) comm.all_reduce_sum(accumulator_);
-  // Each group is allocated once and written in place, a bounded chunk of a
-  // parameter at a time: the transient memory is one fp32 copy of the
-  // gradient and kConvertChunk fp64 values, not per-parameter results kept
-  // for a concatenation (which held the gradient twice).
-  int64_t sizes[2] = {0, 0};
-  for (const NamedParameter& p : parameters_) sizes[p.decay ? 0 : 1] += p.tensor.numel();
-  torch::Tensor groups[2];
-  int64_t filled[2] = {0, 0};
-  for (int g = 0; g < 2; ++g) {
-    if (sizes[g] > 0) groups[g] = torch::empty({sizes[g]}, accumulator_.options().dtype(torch::kFloat32));
-  }
-  for (size_t i = 0; i < parameters_.size(); ++i) {
-    const int g = parameters_[i].decay ? 0 : 1;
+  // The fp32 sums are written over the accumulator's own memory: element k's
+  // fp32 value takes bytes [4k, 4k + 4), which hold int64 element k / 2
+  // (rounded down), read before it is overwritten: elements go in increasing
+  // order, kConvertChunk at a time, each chunk read whole into fp64 before
+  // any of it is written. No memory beyond the accumulator and one chunk.
+  const torch::Tensor sums = accumulator_.view(torch::kFloat32).narrow(0, 0, accumulator_.numel());
+  std::vector<size_t> order(parameters_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return offsets_[a] < offsets_[b]; });
+  for (const size_t i : order) {
     const int64_t numel = parameters_[i].tensor.numel();
-    const torch::Tensor into = groups[g].narrow(0, filled[g], numel);
-    filled[g] += numel;
+    const torch::Tensor into = sums.narrow(0, offsets_[i], numel);
     if (exponents_[i] == kUnknown) {
       into.zero_();
       continue;
@@ -171,12 +175,13 @@ std::vector<torch::Tensor> ExactGradients::reduce(Comm& comm) {
       into.narrow(0, start, n).copy_(accumulator_.narrow(0, offsets_[i] + start, n).to(torch::kFloat64).mul_(scale));
     }
   }
-  std::vector<torch::Tensor> out;
-  for (const torch::Tensor& group : groups) {
-    if (group.defined()) out.push_back(group);
+  std::vector<torch::Tensor> groups;
+  if (decay_elements_ > 0) groups.push_back(sums.narrow(0, 0, decay_elements_));
+  if (accumulator_.numel() > decay_elements_) {
+    groups.push_back(sums.narrow(0, decay_elements_, accumulator_.numel() - decay_elements_));
   }
   exponents_ = pending_;  // the next step's scales follow this step's contributions
-  return out;
+  return groups;
 }
 
 void ExactGradients::set_exponents(const std::vector<int64_t>& exponents) {

@@ -55,7 +55,9 @@ class ExactGradients {
   /// Collective, after an accepted pass: the summed gradient of every rank,
   /// as flat fp32 groups laid out as flatten_parameters() does (decay, then
   /// no decay; empty groups left out; padding excluded). Scales then follow
-  /// this step's contributions for the next step.
+  /// this step's contributions for the next step. The groups are views of
+  /// the accumulator's memory (converted in place: no copy of the gradient),
+  /// valid until the next begin_pass().
   std::vector<torch::Tensor> reduce(Comm& comm);
 
   /// Per parameter, s_p (kUnknown before a parameter's first contribution).
@@ -66,7 +68,7 @@ class ExactGradients {
   void set_exponents(const std::vector<int64_t>& exponents);
   static constexpr int64_t kUnknown = INT64_MIN;
   /// reduce() converts the fixed-point sums to fp32 this many elements at a
-  /// time (its fp64 scratch: 8 MiB).
+  /// time (its fp64 scratch: 8 MiB), in place.
   static constexpr int64_t kConvertChunk = int64_t(1) << 20;
 
  private:
@@ -74,7 +76,8 @@ class ExactGradients {
 
   std::vector<NamedParameter> parameters_;
   std::vector<unsigned> hook_handles_;
-  std::vector<int64_t> offsets_;  // of each parameter in accumulator_
+  std::vector<int64_t> offsets_;  // of each parameter in accumulator_: the decay group's first
+  int64_t decay_elements_ = 0;    // the decay group's elements, at the accumulator's start
   torch::Tensor accumulator_;     // int64, every parameter back to back
   torch::Tensor largest_;         // fp64 [parameters]: the pass's max |g| per parameter
   std::vector<int64_t> exponents_;
