@@ -282,6 +282,14 @@ TEST(OpsGpu, LinearAddsWeightGradientsIntoBoundFp32Buffers) {
             tolerance(torch::kBFloat16));
 }
 
+// FP8 linear layers on for a scope (ops::set_fp8_linear is process-wide).
+struct Fp8On {
+  Fp8On() { ops::set_fp8_linear(true); }
+  ~Fp8On() { ops::set_fp8_linear(false); }
+  Fp8On(const Fp8On&) = delete;
+  Fp8On& operator=(const Fp8On&) = delete;
+};
+
 // training.precision = "fp8": the linear layers' products in E4M3 (forward)
 // and E5M2 x E4M3 (input and weight gradients), held to an fp64 reference.
 // Tolerances from the formats: a cast rounds to 3 (E4M3) or 2 (E5M2)
@@ -293,10 +301,7 @@ TEST(OpsGpu, LinearAddsWeightGradientsIntoBoundFp32Buffers) {
 TEST(OpsGpu, Fp8LinearIsWithinFp8Precision) {
   REQUIRE_CUDA();
   ASSERT_TRUE(ops::fp8_linear_available()) << "a CUDA build with LibTorch >= 2.9 has FP8 linear layers";
-  struct Fp8On {
-    Fp8On() { ops::set_fp8_linear(true); }
-    ~Fp8On() { ops::set_fp8_linear(false); }
-  } on;
+  const Fp8On on;
   torch::manual_seed(8);
   const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
   const auto f64 = [](const torch::Tensor& t) { return t.to(torch::kCPU, torch::kFloat64); };
@@ -358,10 +363,7 @@ TEST(OpsGpu, Fp8LinearIsWithinFp8Precision) {
 TEST(OpsGpu, Fp8VectorAndScalarKernelsGiveTheSameBits) {
   REQUIRE_CUDA();
   ASSERT_TRUE(ops::fp8_linear_available());
-  struct Fp8On {
-    Fp8On() { ops::set_fp8_linear(true); }
-    ~Fp8On() { ops::set_fp8_linear(false); }
-  } on;
+  const Fp8On on;
   torch::manual_seed(9);
   const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
   const int64_t tokens = 192, in = 256, out = 320;  // tiles cut at the edge: 192 and 320 are not multiples of 64
