@@ -3,7 +3,9 @@
 // largest magnitude (no host sync). Two passes over the bf16 values: the
 // largest |x|, then the scaled cast, saturating at the format's largest
 // finite value. The scale is a power of two, so scaling itself rounds
-// nothing: only the cast to 3 (E4M3) or 2 (E5M2) mantissa bits does.
+// nothing: only the cast to 3 (E4M3) or 2 (E5M2) mantissa bits does. The
+// scaled GEMM's column-major operands come from a transposing cast (with a
+// scale computed before, or from an amax pass, writing both layouts at once).
 #include <cstdint>
 
 #include <cuda_fp8.h>
