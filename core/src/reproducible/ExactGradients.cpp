@@ -84,20 +84,26 @@ void ExactGradients::add(size_t parameter, const torch::Tensor& gradient) {
     return;
   }
 #endif
-  const torch::Tensor wide = gradient.detach().to(torch::kFloat64).reshape({-1});
+  // kConvertChunk elements at a time: the fp64 and int64 temporaries stay a
+  // few chunks, not several copies of the largest parameter (an embedding).
+  const torch::Tensor flat = gradient.detach().reshape({-1});
   torch::Tensor largest = largest_.narrow(0, static_cast<int64_t>(parameter), 1);
-  largest.copy_(torch::maximum(largest, wide.abs().max().reshape({1})));
-  if (exponent == kUnknown) return;  // this pass only measures M_p
-  // Clamped so that an out-of-range value (the pass is then not accepted) never
-  // reaches the integer conversion, and NaN (its largest is then NaN: the
-  // step is non-finite) made 0 first, as the CUDA kernel's fmax does:
-  // converting NaN to an integer is undefined.
-  const torch::Tensor q = (wide * std::ldexp(1.0, static_cast<int>(exponent)))
-                              .round_()
-                              .nan_to_num_(0.0, limit, -limit)
-                              .clamp_(-limit, limit)
-                              .to(torch::kInt64);
-  accumulator_.narrow(0, offsets_[parameter], q.numel()).add_(q);
+  for (int64_t start = 0; start < flat.numel(); start += kConvertChunk) {
+    const int64_t n = std::min(kConvertChunk, flat.numel() - start);
+    const torch::Tensor wide = flat.narrow(0, start, n).to(torch::kFloat64);
+    largest.copy_(torch::maximum(largest, wide.abs().max().reshape({1})));  // NaN stays NaN
+    if (exponent == kUnknown) continue;                                     // this pass only measures M_p
+    // Clamped so that an out-of-range value (the pass is then not accepted)
+    // never reaches the integer conversion, and NaN (its largest is then
+    // NaN: the step is non-finite) made 0 first, as the CUDA kernel's fmax
+    // does: converting NaN to an integer is undefined.
+    const torch::Tensor q = (wide * std::ldexp(1.0, static_cast<int>(exponent)))
+                                .round_()
+                                .nan_to_num_(0.0, limit, -limit)
+                                .clamp_(-limit, limit)
+                                .to(torch::kInt64);
+    accumulator_.narrow(0, offsets_[parameter] + start, n).add_(q);
+  }
 }
 
 bool ExactGradients::end_pass(Comm& comm) {
