@@ -246,10 +246,12 @@ def main():
     parser.add_argument("--profile", help="write a Chrome trace of two steps of every arm into this directory")
     parser.add_argument("--runs", type=int, default=1,
                         help="runs per arm, round-robin over the arms; the table gives the median and the spread")
-    parser.add_argument("--commit", default=None, help="the commit measured (default: git's HEAD, if this is a clone)")
+    parser.add_argument("--commit", default=None,
+                        help="the commit measured (default: git's HEAD if this is a clone, with -dirty where the "
+                             "working tree differs from it, as a copied tree whose git metadata lags does)")
     args = parser.parse_args()
     if args.commit is None:
-        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        git = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True)
         args.commit = git.stdout.strip() if git.returncode == 0 else "unknown"
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
