@@ -31,12 +31,12 @@ ExactGradients::ExactGradients(Model& model, int64_t atoms, torch::Device device
   for (const bool decay : {true, false}) {
     for (size_t i = 0; i < parameters_.size(); ++i) {
       if (parameters_[i].decay != decay) continue;
+      layout_.push_back(i);
       offsets_[i] = total;
       total += parameters_[i].tensor.numel();
     }
+    if (decay) decay_elements_ = total;
   }
-  decay_elements_ = 0;
-  for (const NamedParameter& p : parameters_) decay_elements_ += p.decay ? p.tensor.numel() : 0;
   accumulator_ = torch::zeros({total}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   largest_ = torch::zeros({static_cast<int64_t>(parameters_.size())},
                           torch::TensorOptions().dtype(torch::kFloat64).device(device));
@@ -162,10 +162,7 @@ std::vector<torch::Tensor> ExactGradients::reduce(Comm& comm) {
   // order, kConvertChunk at a time, each chunk read whole into fp64 before
   // any of it is written. No memory beyond the accumulator and one chunk.
   const torch::Tensor sums = accumulator_.view(torch::kFloat32).narrow(0, 0, accumulator_.numel());
-  std::vector<size_t> order(parameters_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return offsets_[a] < offsets_[b]; });
-  for (const size_t i : order) {
+  for (const size_t i : layout_) {
     const int64_t numel = parameters_[i].tensor.numel();
     const torch::Tensor into = sums.narrow(0, offsets_[i], numel);
     if (exponents_[i] == kUnknown) {

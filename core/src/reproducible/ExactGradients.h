@@ -78,6 +78,7 @@ class ExactGradients {
   std::vector<unsigned> hook_handles_;
   std::vector<int64_t> offsets_;  // of each parameter in accumulator_: the decay group's first
   int64_t decay_elements_ = 0;    // the decay group's elements, at the accumulator's start
+  std::vector<size_t> layout_;    // the parameters in the accumulator's order
   torch::Tensor accumulator_;     // int64, every parameter back to back
   torch::Tensor largest_;         // fp64 [parameters]: the pass's max |g| per parameter
   std::vector<int64_t> exponents_;
