@@ -110,6 +110,16 @@ __global__ void quantize_kernel(const __nv_bfloat16* x, int64_t n, bool vector, 
   }
 }
 
+// The transposing casts' scale: that of *amax_bits when given (block
+// (0, 0)'s first thread then writes its inverse to *inverse_scale), else
+// 1 / *inverse_scale.
+__device__ inline float transposed_cast_scale(const unsigned* amax_bits, bool e5m2, float* inverse_scale) {
+  if (amax_bits == nullptr) return 1.0f / *inverse_scale;
+  const float scale = scale_of(*amax_bits, e5m2 ? kE5m2Max : kE4m3Max);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *inverse_scale = 1.0f / scale;
+  return scale;
+}
+
 // E4M3 (or E5M2) of x * s for a [rows, cols] x, written transposed
 // ([cols, rows]) into out_t and, when out_rows is not null, also as laid out
 // into out_rows: one read of x for both. s is the scale of *amax_bits when
@@ -122,9 +132,7 @@ __global__ void quantize_transposed_kernel(const __nv_bfloat16* x, int64_t rows,
                                            __nv_fp8_storage_t* out_rows) {
   __shared__ float tile[32][33];
   const __nv_fp8_interpretation_t format = e5m2 ? __NV_E5M2 : __NV_E4M3;
-  const float scale = amax_bits != nullptr ? scale_of(*amax_bits, e5m2 ? kE5m2Max : kE4m3Max) : 1.0f / *inverse_scale;
-  if (amax_bits != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
-    *inverse_scale = 1.0f / scale;
+  const float scale = transposed_cast_scale(amax_bits, e5m2, inverse_scale);
   const int64_t c0 = blockIdx.x * int64_t(32), r0 = blockIdx.y * int64_t(32);
   for (int i = threadIdx.y; i < 32; i += blockDim.y) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
@@ -153,8 +161,7 @@ __global__ void quantize_transposed_vector_kernel(const __nv_bfloat16* x, int64_
                                                   uint8_t* out_rows) {
   __shared__ alignas(16) uint8_t tile[kTile * kTileStride];
   const __nv_fp8_interpretation_t format = e5m2 ? __NV_E5M2 : __NV_E4M3;
-  const float scale = amax_bits != nullptr ? scale_of(*amax_bits, e5m2 ? kE5m2Max : kE4m3Max) : 1.0f / *inverse_scale;
-  if (amax_bits != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *inverse_scale = 1.0f / scale;
+  const float scale = transposed_cast_scale(amax_bits, e5m2, inverse_scale);
   const int64_t c0 = blockIdx.x * int64_t(kTile), r0 = blockIdx.y * int64_t(kTile);
   for (int k = threadIdx.x; k < kTile * kTile / 8; k += blockDim.x) {
     const int i = k / 8, j = k % 8 * 8;  // the tile's row, and its column of 8
@@ -224,12 +231,9 @@ void fp8_quantize(const void* x, int64_t n, bool e5m2, void* out, float* scratch
   const auto* in = static_cast<const __nv_bfloat16*>(x);
   const bool vector =
       n % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
-  const int64_t items = vector ? n / 8 : n;
-  unsigned* amax_bits = reinterpret_cast<unsigned*>(scratch);
-  cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream);
-  if (n > 0) amax_kernel<<<blocks_for(items, kThreads), kThreads, 0, stream>>>(in, n, vector, amax_bits);
-  quantize_kernel<<<blocks_for(items, kThreads), kThreads, 0, stream>>>(in, n, vector, e5m2, amax_bits, out,
-                                                                        inverse_scale);
+  fp8_amax(x, n, scratch, stream);
+  quantize_kernel<<<blocks_for(vector ? n / 8 : n, kThreads), kThreads, 0, stream>>>(
+      in, n, vector, e5m2, reinterpret_cast<const unsigned*>(scratch), out, inverse_scale);
 }
 
 }  // namespace trainer::ops::kernels
