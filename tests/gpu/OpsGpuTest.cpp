@@ -9,6 +9,7 @@
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/cuda.h>
+#include <torch/version.h>
 
 #include "gpu/GpuTestSupport.h"
 #include "ops/Dispatch.h"
@@ -390,6 +391,108 @@ TEST(OpsGpu, Fp8VectorAndScalarKernelsGiveTheSameBits) {
   // And FP8 ran: the output is off bf16's product by FP8's rounding.
   EXPECT_GT(relative_error(vector_path[0], xs.to(torch::kFloat64).mm(ws.to(torch::kFloat64).t())), 4e-3);
 }
+
+// The amax SwiGLU's kernels compute of what they write, offered to the FP8
+// cast that reads it next, gives the bits of the cast's own amax pass: a
+// layer feeding SwiGLU and one reading it, forward and both gradients,
+// against the same layers with an exact copy (x * 1) on each side of SwiGLU,
+// which no kernel offers an amax for.
+TEST(OpsGpu, Fp8AmaxOfferedBySwiGluGivesTheSameBits) {
+  REQUIRE_CUDA();
+  ASSERT_TRUE(ops::fp8_linear_available());
+  const Fp8On on;
+  torch::manual_seed(11);
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  const int64_t tokens = 256, in = 512, inter = 384, out = 256;
+  const torch::Tensor xs = torch::randn({tokens, in}).to(bf16), w1s = (torch::randn({2 * inter, in}) * 0.05).to(bf16);
+  const torch::Tensor w2s = (torch::randn({out, inter}) * 0.05).to(bf16), dy = torch::randn({tokens, out}).to(bf16);
+  auto run = [&](bool copies) {
+    const torch::Tensor x = xs.clone().requires_grad_(true), w1 = w1s.clone().requires_grad_(true),
+                        w2 = w2s.clone().requires_grad_(true);
+    torch::Tensor h = ops::linear(x, {w1});
+    if (copies) h = h * 1;  // backward: SwiGLU's input gradient copied before the first layer's cast
+    torch::Tensor s = ops::swiglu(h);
+    if (copies) s = s * 1;
+    const torch::Tensor y = ops::linear(s, {w2});
+    y.backward(dy);
+    return std::vector<torch::Tensor>{y, x.grad(), w1.grad(), w2.grad()};
+  };
+  const std::vector<torch::Tensor> offered = run(false), own = run(true);
+  for (size_t i = 0; i < offered.size(); ++i) EXPECT_TRUE(torch::equal(offered[i], own[i])) << "output " << i;
+  // FP8 ran: the product is off the fp64 one by FP8's rounding, not bf16's.
+  const auto f64 = [](const torch::Tensor& t) { return t.to(torch::kCPU, torch::kFloat64); };
+  const torch::Tensor h64 = f64(xs).mm(f64(w1s).t());
+  const torch::Tensor s64 = torch::silu(h64.narrow(1, 0, inter)) * h64.narrow(1, inter, inter);
+  EXPECT_GT(relative_error(offered[0], s64.mm(f64(w2s).t())), 4e-3);
+}
+
+#ifdef TRAINER_CUDA_KERNELS
+// The offer itself: SwiGLU's output's largest magnitude, exactly, taken
+// once; refused for a copy, and for the output once written in place.
+TEST(OpsGpu, SwiGluOffersItsOutputsAmaxOnce) {
+  REQUIRE_CUDA();
+  const Fp8On on;
+  torch::manual_seed(12);
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor h = torch::randn({64, 2 * 96}).to(bf16) * 3;
+  const torch::Tensor s = ops::swiglu(h);
+  const torch::Tensor amax = ops::take_fp8_amax(s);
+  ASSERT_TRUE(amax.defined());
+  EXPECT_EQ(amax.item<float>(), s.abs().max().to(torch::kFloat32).item<float>());
+  EXPECT_FALSE(ops::take_fp8_amax(s).defined()) << "an offer is taken once";
+  const torch::Tensor copied = ops::swiglu(h);
+  EXPECT_FALSE(ops::take_fp8_amax(copied.clone()).defined());
+  EXPECT_FALSE(ops::take_fp8_amax(copied).defined()) << "a mismatched take withdraws the offer";
+  const torch::Tensor changed = ops::swiglu(h);
+  changed.mul_(1000);
+  EXPECT_FALSE(ops::take_fp8_amax(changed).defined()) << "written in place after the offer";
+  torch::Tensor poisoned = h.clone();
+  poisoned[5][3] = std::numeric_limits<float>::quiet_NaN();
+  const torch::Tensor nan_out = ops::swiglu(poisoned);
+  const torch::Tensor nan_amax = ops::take_fp8_amax(nan_out);
+  ASSERT_TRUE(nan_amax.defined());
+  EXPECT_TRUE(std::isnan(nan_amax.item<float>()));
+}
+#endif
+
+#if defined(TRAINER_CUDA_KERNELS) && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9))
+// The FP8 weight gradient's GEMM adds into its fp32 accumulator itself
+// (cuBLASLt with beta 1): d = d0 + s_a s_b A B^T, against fp64. Tolerance:
+// each product of two FP8 values is exact, but Hopper's FP8 tensor cores
+// keep about 14 bits in their partial sums before the fp32 promotion
+// (DeepSeek-V3 report, section 3.3.2); 2^-11 of the sum of magnitudes
+// allows eight such roundings, while a lost d0 (beta 0), a wrong scale or a
+// wrong layout is off by more than 10% of it. Two E5M2 operands, which
+// cuBLASLt does not multiply, are refused without a launch.
+TEST(OpsGpu, Fp8GemmAddsIntoItsAccumulator) {
+  REQUIRE_CUDA();
+  torch::manual_seed(10);
+  const auto f32 = torch::TensorOptions().device(kCuda).dtype(torch::kFloat32);
+  const int64_t rows = 384, cols = 512, inner = 256;
+  const torch::Tensor a = torch::randn({rows, inner}, f32).to(at::kFloat8_e5m2);
+  const torch::Tensor b = (torch::randn({cols, inner}, f32) * 8).to(at::kFloat8_e4m3fn);
+  const torch::Tensor a_scale = torch::full({}, 0.5, f32), b_scale = torch::full({}, 0.25, f32);
+  const torch::Tensor d0 = torch::randn({rows, cols}, f32) * 100;
+  const torch::Tensor d = d0.clone();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  ASSERT_EQ(
+      ops::kernels::fp8_gemm_accumulate(a.data_ptr(), true, a_scale.data_ptr<float>(), b.data_ptr(), false,
+                                        b_scale.data_ptr<float>(), d.data_ptr<float>(), rows, cols, inner, stream),
+      ops::kernels::GemmResult::done);
+  const auto f64 = [](const torch::Tensor& t) { return t.to(torch::kFloat32).to(torch::kCPU, torch::kFloat64); };
+  const torch::Tensor expected = f64(d0) + f64(a).mm(f64(b).t()) * 0.125;
+  const torch::Tensor bound = (f64(d0).abs() + f64(a).abs().mm(f64(b).abs().t()) * 0.125) * std::pow(2.0, -11);
+  EXPECT_TRUE(((f64(d) - expected).abs() <= bound).all().item<bool>())
+      << "largest error " << (f64(d) - expected).abs().max().item<double>();
+  const torch::Tensor before = d.clone();
+  EXPECT_EQ(
+      ops::kernels::fp8_gemm_accumulate(a.data_ptr(), true, a_scale.data_ptr<float>(), a.data_ptr(), true,
+                                        a_scale.data_ptr<float>(), d.data_ptr<float>(), rows, rows, inner, stream),
+      ops::kernels::GemmResult::unsupported);
+  EXPECT_TRUE(torch::equal(d, before));
+}
+#endif
 
 TEST(OpsGpu, LinearCrossEntropySumMatchesTheCpuPath) {
   REQUIRE_CUDA();

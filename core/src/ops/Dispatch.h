@@ -95,6 +95,20 @@ void set_fp8_linear(bool enabled);
 /// and LibTorch's scaled GEMM).
 bool fp8_linear_available();
 
+#ifdef TRAINER_CUDA_KERNELS
+/// The largest magnitude of a tensor, computed by the kernel that wrote it
+/// (`amax`: one device float, as fp8_amax's), offered to the FP8 cast that
+/// reads the tensor next so that the cast skips its own pass over it. One
+/// offer per thread (the forward's producer and consumer run on the
+/// caller's thread, the backward's on autograd's), replaced by the next.
+void offer_fp8_amax(const torch::Tensor& t, const torch::Tensor& amax);
+/// The amax offered for `t`, when `t` is the tensor offered (same data,
+/// elements and layout) and nothing has written to it since (its version
+/// counter unchanged); undefined otherwise. Either way the offer is
+/// withdrawn: it holds the tensor alive until then.
+torch::Tensor take_fp8_amax(const torch::Tensor& t);
+#endif
+
 /// fp64 stays fp64; everything narrower computes in fp32.
 inline torch::Dtype accumulate_dtype(const torch::Tensor& t) {
   return t.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;

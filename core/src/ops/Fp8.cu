@@ -226,14 +226,14 @@ void fp8_amax(const void* x, int64_t n, float* amax, cudaStream_t stream) {
   }
 }
 
-void fp8_quantize(const void* x, int64_t n, bool e5m2, void* out, float* scratch, float* inverse_scale,
+void fp8_quantize(const void* x, int64_t n, bool e5m2, void* out, float* amax, bool amax_known, float* inverse_scale,
                   cudaStream_t stream) {
   const auto* in = static_cast<const __nv_bfloat16*>(x);
   const bool vector =
       n % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
-  fp8_amax(x, n, scratch, stream);
+  if (!amax_known) fp8_amax(x, n, amax, stream);
   quantize_kernel<<<blocks_for(vector ? n / 8 : n, kThreads), kThreads, 0, stream>>>(
-      in, n, vector, e5m2, reinterpret_cast<const unsigned*>(scratch), out, inverse_scale);
+      in, n, vector, e5m2, reinterpret_cast<const unsigned*>(amax), out, inverse_scale);
 }
 
 }  // namespace trainer::ops::kernels

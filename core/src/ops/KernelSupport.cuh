@@ -10,8 +10,14 @@
 
 namespace trainer::ops::kernels {
 
-template <typename T> struct Acc { using type = float; };
-template <> struct Acc<double> { using type = double; };
+template <typename T>
+struct Acc {
+  using type = float;
+};
+template <>
+struct Acc<double> {
+  using type = double;
+};
 
 __device__ inline float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 __device__ inline float load(const float* p) { return *p; }
@@ -26,13 +32,39 @@ inline unsigned blocks_for(int64_t items, unsigned threads) {
   return static_cast<unsigned>(wanted < 65535 * 8 ? (wanted > 0 ? wanted : 1) : 65535 * 8);
 }
 
+// Raises *amax_bits (a non-negative float's bits) to the block's largest
+// `mine`, or to NaN's bits when any thread saw a NaN (they exceed +inf's,
+// so NaN wins; fmaxf alone would drop it). Non-negative floats order as
+// their bits do. Every thread of the block calls it, after its last value;
+// at most 32 warps a block.
+__device__ inline void block_amax(float mine, bool nan, unsigned* amax_bits) {
+  __shared__ float partial[32];
+  const bool any_nan = __syncthreads_or(nan);
+  for (int offset = 16; offset > 0; offset /= 2) mine = fmaxf(mine, __shfl_xor_sync(0xffffffffu, mine, offset));
+  const unsigned thread = threadIdx.y * blockDim.x + threadIdx.x, warps = (blockDim.x * blockDim.y + 31) / 32;
+  if (thread % 32 == 0) partial[thread / 32] = mine;
+  __syncthreads();
+  if (thread == 0) {
+    for (unsigned w = 1; w < warps; ++w) mine = fmaxf(mine, partial[w]);
+    const unsigned bits = any_nan ? 0x7fc00000u : __float_as_uint(mine);
+    // Most blocks find the maximum already there: a read instead of an atomic.
+    if (bits > *static_cast<volatile unsigned*>(amax_bits)) atomicMax(amax_bits, bits);
+  }
+}
+
 // Calls f with a typed null pointer of the element type of `dtype`.
 template <typename F>
 void dispatch(Dtype dtype, F&& f) {
   switch (dtype) {
-    case Dtype::Float32: f(static_cast<float*>(nullptr)); break;
-    case Dtype::Float64: f(static_cast<double*>(nullptr)); break;
-    case Dtype::BFloat16: f(static_cast<__nv_bfloat16*>(nullptr)); break;
+    case Dtype::Float32:
+      f(static_cast<float*>(nullptr));
+      break;
+    case Dtype::Float64:
+      f(static_cast<double*>(nullptr));
+      break;
+    case Dtype::BFloat16:
+      f(static_cast<__nv_bfloat16*>(nullptr));
+      break;
   }
 }
 

@@ -1,5 +1,5 @@
 // Launchers of the project's own CUDA kernels (Rotary.cu, SwiGlu.cu, CrossEntropy.cu, AdamW.cu,
-// FixedPoint.cu, StochasticRound.cu, Fp8.cu). Plain
+// FixedPoint.cu, StochasticRound.cu, Fp8.cu, Fp8Gemm.cu). Plain
 // pointers and a stream: the kernels see no LibTorch header, so nvcc never
 // compiles LibTorch's headers. Built only where CUDA parts are on.
 #pragma once
@@ -26,11 +26,16 @@ void qkv_rotary_backward(Dtype dtype, const void* dq, const void* dk, const void
                          cudaStream_t stream);
 
 /// silu(gate) * up over rows [gate | up] of width 2 * width; out: [rows, width].
-void swiglu_forward(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t width, cudaStream_t stream);
+/// When `amax` (one device float) is not null, it receives the largest
+/// magnitude of the output as stored (NaN when any value is NaN): what
+/// fp8_amax would find, for the FP8 cast that reads the output next.
+void swiglu_forward(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t width, float* amax,
+                    cudaStream_t stream);
 
-/// Gradient of swiglu_forward into d_gate_up ([rows, 2 * width]) from d_out and the saved input.
+/// Gradient of swiglu_forward into d_gate_up ([rows, 2 * width]) from d_out and the saved input;
+/// `amax` as swiglu_forward's, over d_gate_up.
 void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows, int64_t width,
-                     cudaStream_t stream);
+                     float* amax, cudaStream_t stream);
 
 /// Per row of fp32 `logits` ([rows, vocab], contiguous) with target `targets[row]`:
 /// loss[row] = logsumexp - logit of the target (NaN for a target outside [0, vocab)), and,
@@ -73,8 +78,10 @@ void stochastic_round_bf16(const float* src, void* dst, int64_t n, uint64_t stre
 /// (or E5M2) of x * s, saturating, where s is the power of two that brings
 /// max |x| to at most the format's largest finite value (1 for all zeros,
 /// NaN when max |x| is not finite); *inverse_scale = 1 / s, on the device.
-/// `scratch`: one float of device memory, overwritten.
-void fp8_quantize(const void* x, int64_t n, bool e5m2, void* out, float* scratch, float* inverse_scale,
+/// `amax`: one float of device memory; max |x| is computed into it, unless
+/// `amax_known` says it holds that already (fp8_amax's result, or that of
+/// the kernel that produced x).
+void fp8_quantize(const void* x, int64_t n, bool e5m2, void* out, float* amax, bool amax_known, float* inverse_scale,
                   cudaStream_t stream);
 
 /// The largest magnitude of `n` contiguous bf16 values into *amax (device
@@ -90,6 +97,21 @@ void fp8_amax(const void* x, int64_t n, float* amax, cudaStream_t stream);
 /// when rows exceed the grid (more than 65535 * 32).
 bool fp8_quantize_transposed(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* amax,
                              float* inverse_scale, void* out_t, void* out_rows, cudaStream_t stream);
+
+/// What fp8_gemm_accumulate did: added the product (done), launched nothing
+/// because cuBLASLt offers no kernel for these operands (unsupported: the
+/// caller computes the product another way), or failed at launch (failed:
+/// `d` may be partly written, the step cannot go on).
+enum class GemmResult { done, unsupported, failed };
+
+/// d (fp32, row-major [rows, cols], contiguous) += (A B^T) * a_inverse_scale
+/// * b_inverse_scale for the row-major FP8 operands a [rows, inner] and b
+/// [cols, inner] (E4M3, or E5M2 where the flag says; not both E5M2), the
+/// scales device floats; exact accumulation, through cuBLASLt with beta 1.
+/// Leading dimensions must be multiples of 16 bytes.
+GemmResult fp8_gemm_accumulate(const void* a, bool a_e5m2, const float* a_inverse_scale, const void* b, bool b_e5m2,
+                               const float* b_inverse_scale, float* d, int64_t rows, int64_t cols, int64_t inner,
+                               cudaStream_t stream);
 
 /// The CUDA error of the last launch as text, or nullptr when there was none.
 const char* last_error();

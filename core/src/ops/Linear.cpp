@@ -38,6 +38,30 @@ bool fp8_linear_available() {
 #endif
 }
 
+#ifdef TRAINER_CUDA_KERNELS
+namespace {
+struct Fp8AmaxOffer {
+  torch::Tensor tensor, amax;
+  int64_t version = 0;
+};
+thread_local Fp8AmaxOffer g_fp8_amax_offer;
+}  // namespace
+
+void offer_fp8_amax(const torch::Tensor& t, const torch::Tensor& amax) {
+  g_fp8_amax_offer = Fp8AmaxOffer{t, amax, static_cast<int64_t>(t._version())};
+}
+
+torch::Tensor take_fp8_amax(const torch::Tensor& t) {
+  Fp8AmaxOffer offer = std::move(g_fp8_amax_offer);
+  g_fp8_amax_offer = Fp8AmaxOffer{};
+  const torch::Tensor& o = offer.tensor;
+  const bool same = o.defined() && t.defined() && o.device() == t.device() && o.data_ptr() == t.data_ptr() &&
+                    o.numel() == t.numel() && o.is_contiguous() && t.is_contiguous() &&
+                    o.scalar_type() == t.scalar_type() && static_cast<int64_t>(t._version()) == offer.version;
+  return same ? offer.amax : torch::Tensor();
+}
+#endif
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -106,13 +130,14 @@ struct Fp8Tensor {
 #ifdef TRAINER_FP8_LINEAR
 Fp8Tensor quantize(const torch::Tensor& t, bool e5m2) {
   const torch::Tensor x = t.contiguous();
-  KernelLaunch launch("fp8_quantize", {x});
+  const torch::Tensor offered = take_fp8_amax(x);
+  KernelLaunch launch("fp8_quantize", {x, offered});
   Fp8Tensor q;
   q.data = torch::empty(x.sizes(), x.options().dtype(e5m2 ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn));
+  const torch::Tensor amax = offered.defined() ? offered : torch::empty({1}, x.options().dtype(torch::kFloat32));
   // The scale an allocation of its own: cuBLASLt takes scale pointers aligned as allocations are.
-  const torch::Tensor scratch = torch::empty({1}, x.options().dtype(torch::kFloat32));
   q.inverse_scale = torch::empty({}, x.options().dtype(torch::kFloat32));
-  kernels::fp8_quantize(x.data_ptr(), x.numel(), e5m2, q.data.data_ptr(), scratch.data_ptr<float>(),
+  kernels::fp8_quantize(x.data_ptr(), x.numel(), e5m2, q.data.data_ptr(), amax.data_ptr<float>(), offered.defined(),
                         q.inverse_scale.data_ptr<float>(), launch.stream());
   check_launch("fp8_quantize");
   return q;
@@ -184,10 +209,11 @@ Fp8Tensor quantize_both(const torch::Tensor& t, bool e5m2, torch::Tensor* transp
   Fp8Tensor q;
   q.data = torch::empty(x.sizes(), fp8);
   *transposed = torch::empty({x.size(1), x.size(0)}, fp8);
-  const torch::Tensor amax = torch::empty({1}, x.options().dtype(torch::kFloat32));
+  const torch::Tensor offered = take_fp8_amax(x);
+  const torch::Tensor amax = offered.defined() ? offered : torch::empty({1}, x.options().dtype(torch::kFloat32));
   q.inverse_scale = torch::empty({}, x.options().dtype(torch::kFloat32));
-  KernelLaunch launch("fp8_quantize_both", {x, q.data, *transposed});
-  kernels::fp8_amax(x.data_ptr(), x.numel(), amax.data_ptr<float>(), launch.stream());
+  KernelLaunch launch("fp8_quantize_both", {x, q.data, *transposed, amax});
+  if (!offered.defined()) kernels::fp8_amax(x.data_ptr(), x.numel(), amax.data_ptr<float>(), launch.stream());
   TORCH_CHECK(kernels::fp8_quantize_transposed(x.data_ptr(), x.size(0), x.size(1), e5m2, amax.data_ptr<float>(),
                                                q.inverse_scale.data_ptr<float>(), transposed->data_ptr(),
                                                q.data.data_ptr(), launch.stream()),
@@ -222,9 +248,24 @@ Fp8Grads fp8_backward(const torch::Tensor& dy, const torch::Tensor& x, const tor
   // dW = dY^T x: dY^T row-major, x as the column-major [tokens, in] operand (x^T laid out row-major).
   const torch::Tensor x_t = quantize_transposed(x, false, scales.x);
   if (into.defined()) {
-    torch::NoGradGuard no_grad;
-    into.add_(at::_scaled_mm(dy_t, x_t.t(), dyq.inverse_scale, scales.x, std::nullopt, std::nullopt, torch::kFloat32,
-                             /*use_fast_accum=*/false));
+    // The GEMM adds into the accumulator itself (beta 1); an fp32 product
+    // added by a second pass only where cuBLASLt offers no kernel for it.
+    kernels::GemmResult added = kernels::GemmResult::unsupported;
+    if (into.is_contiguous()) {
+      const KernelLaunch launch("fp8_gemm_accumulate", {dy_t, x_t, into, dyq.inverse_scale, scales.x});
+      added = kernels::fp8_gemm_accumulate(dy_t.data_ptr(), true, dyq.inverse_scale.data_ptr<float>(), x_t.data_ptr(),
+                                           false, scales.x.data_ptr<float>(), into.data_ptr<float>(), dy_t.size(0),
+                                           x_t.size(0), dy_t.size(1), launch.stream());
+      if (added == kernels::GemmResult::failed) {
+        throw TrainingError("fp8_gemm_accumulate: cuBLASLt failed to add a weight gradient of " +
+                            std::to_string(into.size(0)) + " x " + std::to_string(into.size(1)) + " into its buffer");
+      }
+    }
+    if (added == kernels::GemmResult::unsupported) {
+      torch::NoGradGuard no_grad;
+      into.add_(at::_scaled_mm(dy_t, x_t.t(), dyq.inverse_scale, scales.x, std::nullopt, std::nullopt, torch::kFloat32,
+                               /*use_fast_accum=*/false));
+    }
   } else {
     g.dw = at::_scaled_mm(dy_t, x_t.t(), dyq.inverse_scale, scales.x, std::nullopt, std::nullopt, torch::kBFloat16,
                           /*use_fast_accum=*/false);

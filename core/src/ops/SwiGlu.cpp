@@ -14,6 +14,14 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// Where the linear layers run in FP8 and the values are bf16, a device
+// float for the kernel's amax of what it writes (offered to the FP8 cast
+// that reads it next); else undefined.
+torch::Tensor fp8_amax_buffer(const torch::Tensor& like) {
+  if (!fp8_linear_enabled() || like.scalar_type() != torch::kBFloat16) return torch::Tensor();
+  return torch::empty({1}, like.options().dtype(torch::kFloat32));
+}
+
 struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate_up_in) {
     const torch::Tensor gate_up = gate_up_in.contiguous();
@@ -21,10 +29,12 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
     std::vector<int64_t> sizes = gate_up.sizes().vec();
     sizes.back() = width;
     torch::Tensor out = torch::empty(sizes, gate_up.options());
+    const torch::Tensor amax = fp8_amax_buffer(gate_up);
     const KernelLaunch launch("swiglu_forward", {gate_up, out});
     kernels::swiglu_forward(kernel_dtype(gate_up), gate_up.data_ptr(), out.data_ptr(), gate_up.numel() / (2 * width),
-                            width, launch.stream());
+                            width, amax.defined() ? amax.data_ptr<float>() : nullptr, launch.stream());
     check_launch("swiglu_forward");
+    if (amax.defined()) offer_fp8_amax(out, amax);  // the down projection's cast reads `out` next
     ctx->save_for_backward({gate_up});
     return out;
   }
@@ -34,10 +44,13 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
     const torch::Tensor d_out = grads[0].contiguous();
     const int64_t width = gate_up.size(-1) / 2;
     torch::Tensor d_gate_up = torch::empty_like(gate_up);
+    const torch::Tensor amax = fp8_amax_buffer(gate_up);
     const KernelLaunch launch("swiglu_backward", {gate_up, d_out, d_gate_up});
     kernels::swiglu_backward(kernel_dtype(gate_up), gate_up.data_ptr(), d_out.data_ptr(), d_gate_up.data_ptr(),
-                             gate_up.numel() / (2 * width), width, launch.stream());
+                             gate_up.numel() / (2 * width), width, amax.defined() ? amax.data_ptr<float>() : nullptr,
+                             launch.stream());
     check_launch("swiglu_backward");
+    if (amax.defined()) offer_fp8_amax(d_gate_up, amax);  // the gate/up projection's gradient cast reads it next
     return {d_gate_up};
   }
 };

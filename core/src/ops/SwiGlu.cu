@@ -23,14 +23,24 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
+// The largest magnitude of the values as stored (after their rounding),
+// and whether any was NaN: the FP8 cast's amax, as fp8_amax finds it.
+template <typename A>
+__device__ inline void track(A stored, float& mine, bool& nan) {
+  nan = nan || isnan(stored);
+  mine = fmaxf(mine, fabsf(float(stored)));
+}
+
 // Blocks tile a row's packs along x and walk the rows along y, so a thread
 // finds its row and column without dividing (a 64-bit division per element
 // cost more than the arithmetic).
 template <typename T, int N>
-__global__ void swiglu_forward_kernel(const T* gate_up, T* out, int64_t rows, int64_t width) {
+__global__ void swiglu_forward_kernel(const T* gate_up, T* out, int64_t rows, int64_t width, unsigned* amax_bits) {
   using A = typename Acc<T>::type;
   using P = Pack<T, N>;
   const int64_t packs = width / N;
+  float mine = 0.0f;
+  bool nan = false;
   for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
     const P* gate = reinterpret_cast<const P*>(gate_up + row * 2 * width);
     const P* up = reinterpret_cast<const P*>(gate_up + row * 2 * width + width);
@@ -42,18 +52,22 @@ __global__ void swiglu_forward_kernel(const T* gate_up, T* out, int64_t rows, in
       for (int j = 0; j < N; ++j) {
         const A gj = load(&g.v[j]);
         store(&r.v[j], gj * sigmoid(gj) * load(&u.v[j]));
+        if (amax_bits != nullptr) track(load(&r.v[j]), mine, nan);
       }
       y[i] = r;
     }
   }
+  if (amax_bits != nullptr) block_amax(mine, nan, amax_bits);
 }
 
 template <typename T, int N>
-__global__ void swiglu_backward_kernel(const T* gate_up, const T* d_out, T* d_gate_up, int64_t rows,
-                                       int64_t width) {
+__global__ void swiglu_backward_kernel(const T* gate_up, const T* d_out, T* d_gate_up, int64_t rows, int64_t width,
+                                       unsigned* amax_bits) {
   using A = typename Acc<T>::type;
   using P = Pack<T, N>;
   const int64_t packs = width / N;
+  float mine = 0.0f;
+  bool nan = false;
   for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
     const P* gate = reinterpret_cast<const P*>(gate_up + row * 2 * width);
     const P* up = reinterpret_cast<const P*>(gate_up + row * 2 * width + width);
@@ -69,11 +83,16 @@ __global__ void swiglu_backward_kernel(const T* gate_up, const T* d_out, T* d_ga
         const A sj = sigmoid(gj);
         store(&dg.v[j], dj * uj * sj * (A(1) + gj * (A(1) - sj)));
         store(&du.v[j], dj * gj * sj);
+        if (amax_bits != nullptr) {
+          track(load(&dg.v[j]), mine, nan);
+          track(load(&du.v[j]), mine, nan);
+        }
       }
       d_gate[i] = dg;
       d_up[i] = du;
     }
   }
+  if (amax_bits != nullptr) block_amax(mine, nan, amax_bits);
 }
 
 constexpr unsigned kThreads = 128;
@@ -90,22 +109,27 @@ dim3 grid_for(int64_t rows, int64_t packs) {
 
 }  // namespace
 
-void swiglu_forward(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t width, cudaStream_t stream) {
+void swiglu_forward(Dtype dtype, const void* gate_up, void* out, int64_t rows, int64_t width, float* amax,
+                    cudaStream_t stream) {
+  unsigned* amax_bits = reinterpret_cast<unsigned*>(amax);
+  if (amax_bits != nullptr) cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream);
   dispatch(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int N = 16 / sizeof(T);
     const auto* in = static_cast<const T*>(gate_up);
     auto* y = static_cast<T*>(out);
     if (width % N == 0 && aligned16(in) && aligned16(y)) {
-      swiglu_forward_kernel<T, N><<<grid_for(rows, width / N), kThreads, 0, stream>>>(in, y, rows, width);
+      swiglu_forward_kernel<T, N><<<grid_for(rows, width / N), kThreads, 0, stream>>>(in, y, rows, width, amax_bits);
     } else {
-      swiglu_forward_kernel<T, 1><<<grid_for(rows, width), kThreads, 0, stream>>>(in, y, rows, width);
+      swiglu_forward_kernel<T, 1><<<grid_for(rows, width), kThreads, 0, stream>>>(in, y, rows, width, amax_bits);
     }
   });
 }
 
-void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows,
-                     int64_t width, cudaStream_t stream) {
+void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows, int64_t width,
+                     float* amax, cudaStream_t stream) {
+  unsigned* amax_bits = reinterpret_cast<unsigned*>(amax);
+  if (amax_bits != nullptr) cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream);
   dispatch(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int N = 16 / sizeof(T);
@@ -113,9 +137,11 @@ void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* 
     const auto* dy = static_cast<const T*>(d_out);
     auto* d_in = static_cast<T*>(d_gate_up);
     if (width % N == 0 && aligned16(in) && aligned16(dy) && aligned16(d_in)) {
-      swiglu_backward_kernel<T, N><<<grid_for(rows, width / N), kThreads, 0, stream>>>(in, dy, d_in, rows, width);
+      swiglu_backward_kernel<T, N>
+          <<<grid_for(rows, width / N), kThreads, 0, stream>>>(in, dy, d_in, rows, width, amax_bits);
     } else {
-      swiglu_backward_kernel<T, 1><<<grid_for(rows, width), kThreads, 0, stream>>>(in, dy, d_in, rows, width);
+      swiglu_backward_kernel<T, 1>
+          <<<grid_for(rows, width), kThreads, 0, stream>>>(in, dy, d_in, rows, width, amax_bits);
     }
   });
 }
