@@ -6,6 +6,7 @@
 // nothing: only the cast to 3 (E4M3) or 2 (E5M2) mantissa bits does. The
 // scaled GEMM's column-major operands come from a transposing cast (with a
 // scale computed before, or from an amax pass, writing both layouts at once).
+#include <algorithm>
 #include <cstdint>
 
 #include <cuda_fp8.h>
@@ -16,6 +17,7 @@ namespace trainer::ops::kernels {
 namespace {
 
 constexpr unsigned kThreads = 256;
+constexpr unsigned kAmaxBlocks = 2048;  // 132 SMs x 8 blocks of 256 threads, twice over
 constexpr float kE4m3Max = 448.0f;
 constexpr float kE5m2Max = 57344.0f;
 
@@ -68,7 +70,13 @@ __global__ void amax_kernel(const __nv_bfloat16* x, int64_t n, bool vector, unsi
   }
   const bool any_nan = __syncthreads_or(nan);  // fmaxf drops NaN: it travels beside the maximum
   mine = block_max(mine);
-  if (threadIdx.x == 0) atomic_max_magnitude(amax_bits, any_nan ? __uint_as_float(0x7fc00000u) : mine);
+  if (threadIdx.x == 0) {
+    const float magnitude = any_nan ? __uint_as_float(0x7fc00000u) : mine;
+    // Most blocks find the maximum already there: a read instead of an atomic.
+    if (__float_as_uint(magnitude) > *static_cast<volatile unsigned*>(amax_bits)) {
+      atomic_max_magnitude(amax_bits, magnitude);
+    }
+  }
 }
 
 // The power of two that brings amax to at most the format's largest value;
@@ -221,8 +229,10 @@ void fp8_amax(const void* x, int64_t n, float* amax, cudaStream_t stream) {
   unsigned* amax_bits = reinterpret_cast<unsigned*>(amax);
   cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream);
   if (n > 0) {
-    amax_kernel<<<blocks_for(vector ? n / 8 : n, kThreads), kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x),
-                                                                                   n, vector, amax_bits);
+    // A grid-stride pass over at most kAmaxBlocks blocks: each ends in an
+    // update of one shared maximum, which many small blocks would queue on.
+    const unsigned blocks = std::min(blocks_for(vector ? n / 8 : n, kThreads), kAmaxBlocks);
+    amax_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), n, vector, amax_bits);
   }
 }
 

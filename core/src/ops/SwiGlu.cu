@@ -6,6 +6,8 @@
 //
 //   y = g s(g) u,  s = sigmoid
 //   dy/dg = u s(g) (1 + g (1 - s(g))),  dy/du = g s(g)
+#include <algorithm>
+
 #include "KernelSupport.cuh"
 
 namespace trainer::ops::kernels {
@@ -100,10 +102,14 @@ constexpr unsigned kThreads = 128;
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // x: enough blocks of kThreads for a row's packs; y: one block row per row
-// up to the grid's limit (the kernels walk the rest).
-dim3 grid_for(int64_t rows, int64_t packs) {
+// up to the grid's limit (the kernels walk the rest). With an amax, about
+// kAmaxBlocks blocks in all: each block ends in a reduction and a read of
+// the shared maximum, which a block of one row's work would not amortise.
+constexpr int64_t kAmaxBlocks = 8192;
+dim3 grid_for(int64_t rows, int64_t packs, bool amax) {
   const int64_t x = (packs + kThreads - 1) / kThreads;
-  const int64_t y = rows < 65535 ? rows : 65535;
+  int64_t y = rows < 65535 ? rows : 65535;
+  if (amax && x > 0) y = std::min(y, (kAmaxBlocks + x - 1) / x);
   return dim3(static_cast<unsigned>(x > 0 ? x : 1), static_cast<unsigned>(y > 0 ? y : 1));
 }
 
@@ -119,9 +125,11 @@ void swiglu_forward(Dtype dtype, const void* gate_up, void* out, int64_t rows, i
     const auto* in = static_cast<const T*>(gate_up);
     auto* y = static_cast<T*>(out);
     if (width % N == 0 && aligned16(in) && aligned16(y)) {
-      swiglu_forward_kernel<T, N><<<grid_for(rows, width / N), kThreads, 0, stream>>>(in, y, rows, width, amax_bits);
+      swiglu_forward_kernel<T, N>
+          <<<grid_for(rows, width / N, amax_bits != nullptr), kThreads, 0, stream>>>(in, y, rows, width, amax_bits);
     } else {
-      swiglu_forward_kernel<T, 1><<<grid_for(rows, width), kThreads, 0, stream>>>(in, y, rows, width, amax_bits);
+      swiglu_forward_kernel<T, 1>
+          <<<grid_for(rows, width, amax_bits != nullptr), kThreads, 0, stream>>>(in, y, rows, width, amax_bits);
     }
   });
 }
@@ -137,11 +145,11 @@ void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* 
     const auto* dy = static_cast<const T*>(d_out);
     auto* d_in = static_cast<T*>(d_gate_up);
     if (width % N == 0 && aligned16(in) && aligned16(dy) && aligned16(d_in)) {
-      swiglu_backward_kernel<T, N>
-          <<<grid_for(rows, width / N), kThreads, 0, stream>>>(in, dy, d_in, rows, width, amax_bits);
+      swiglu_backward_kernel<T, N><<<grid_for(rows, width / N, amax_bits != nullptr), kThreads, 0, stream>>>(
+          in, dy, d_in, rows, width, amax_bits);
     } else {
       swiglu_backward_kernel<T, 1>
-          <<<grid_for(rows, width), kThreads, 0, stream>>>(in, dy, d_in, rows, width, amax_bits);
+          <<<grid_for(rows, width, amax_bits != nullptr), kThreads, 0, stream>>>(in, dy, d_in, rows, width, amax_bits);
     }
   });
 }
