@@ -159,9 +159,10 @@ std::vector<torch::Tensor> ExactGradients::reduce(Comm& comm) {
   // The fp32 sums are written over the accumulator's own memory: element k's
   // fp32 value takes bytes [4k, 4k + 4), which hold int64 element k / 2
   // (rounded down), read before it is overwritten: elements go in increasing
-  // order, kConvertChunk at a time, each chunk read whole into fp64 before
+  // order, a chunk at a time, each chunk read whole into fp64 before
   // any of it is written. No memory beyond the accumulator and one chunk.
   const torch::Tensor sums = accumulator_.view(torch::kFloat32).narrow(0, 0, accumulator_.numel());
+  const int64_t chunk = accumulator_.is_cuda() ? kDeviceConvertChunk : kConvertChunk;
   for (const size_t i : layout_) {
     const int64_t numel = parameters_[i].tensor.numel();
     const torch::Tensor into = sums.narrow(0, offsets_[i], numel);
@@ -173,8 +174,8 @@ std::vector<torch::Tensor> ExactGradients::reduce(Comm& comm) {
     // -> fp32 (the copy) once more; all round to nearest, so equal integers
     // give equal bits.
     const double scale = std::ldexp(1.0, -static_cast<int>(exponents_[i]));
-    for (int64_t start = 0; start < numel; start += kConvertChunk) {
-      const int64_t n = std::min(kConvertChunk, numel - start);
+    for (int64_t start = 0; start < numel; start += chunk) {
+      const int64_t n = std::min(chunk, numel - start);
       into.narrow(0, start, n).copy_(accumulator_.narrow(0, offsets_[i] + start, n).to(torch::kFloat64).mul_(scale));
     }
   }

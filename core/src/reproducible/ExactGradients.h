@@ -68,8 +68,12 @@ class ExactGradients {
   void set_exponents(const std::vector<int64_t>& exponents);
   static constexpr int64_t kUnknown = INT64_MIN;
   /// reduce() converts the fixed-point sums to fp32 this many elements at a
-  /// time (its fp64 scratch: 8 MiB), in place.
+  /// time (its fp64 scratch: 8 MiB), in place; on a CUDA device
+  /// kDeviceConvertChunk (128 MiB), whose three launches per chunk would
+  /// otherwise number thousands a step at the 3B shape. Each element's
+  /// conversion is the same whatever the chunk: the bits do not depend on it.
   static constexpr int64_t kConvertChunk = int64_t(1) << 20;
+  static constexpr int64_t kDeviceConvertChunk = int64_t(1) << 24;
 
  private:
   void add(size_t parameter, const torch::Tensor& gradient);
