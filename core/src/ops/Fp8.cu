@@ -29,23 +29,6 @@ struct alignas(8) Fp8x8 {
   __nv_fp8x2_storage_t v[4];
 };
 
-// Non-negative floats order as their bits do; NaN's bits exceed +inf's, so NaN wins.
-__device__ inline void atomic_max_magnitude(unsigned* bits, float magnitude) {
-  atomicMax(bits, __float_as_uint(magnitude));
-}
-
-__device__ inline float block_max(float mine) {
-  __shared__ float partial[kThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) mine = fmaxf(mine, __shfl_xor_sync(0xffffffffu, mine, offset));
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = mine;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    mine = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : 0.0f;
-    for (int offset = 16; offset > 0; offset /= 2) mine = fmaxf(mine, __shfl_xor_sync(0xffffffffu, mine, offset));
-  }
-  return mine;
-}
-
 __global__ void amax_kernel(const __nv_bfloat16* x, int64_t n, bool vector, unsigned* amax_bits) {
   float mine = 0.0f;
   bool nan = false;
@@ -57,26 +40,16 @@ __global__ void amax_kernel(const __nv_bfloat16* x, int64_t n, bool vector, unsi
       const Bf16x8 chunk = x8[i];
       for (int j = 0; j < 4; ++j) {
         const float2 f = __bfloat1622float2(chunk.v[j]);
-        nan = nan || isnan(f.x) || isnan(f.y);
-        mine = fmaxf(mine, fmaxf(fabsf(f.x), fabsf(f.y)));
+        track(f.x, mine, nan);
+        track(f.y, mine, nan);
       }
     }
   } else {
     for (int64_t i = first; i < n; i += stride) {
-      const float f = __bfloat162float(x[i]);
-      nan = nan || isnan(f);
-      mine = fmaxf(mine, fabsf(f));
+      track(__bfloat162float(x[i]), mine, nan);
     }
   }
-  const bool any_nan = __syncthreads_or(nan);  // fmaxf drops NaN: it travels beside the maximum
-  mine = block_max(mine);
-  if (threadIdx.x == 0) {
-    const float magnitude = any_nan ? __uint_as_float(0x7fc00000u) : mine;
-    // Most blocks find the maximum already there: a read instead of an atomic.
-    if (__float_as_uint(magnitude) > *static_cast<volatile unsigned*>(amax_bits)) {
-      atomic_max_magnitude(amax_bits, magnitude);
-    }
-  }
+  block_amax(mine, nan, amax_bits);
 }
 
 // The power of two that brings amax to at most the format's largest value;

@@ -32,6 +32,14 @@ inline unsigned blocks_for(int64_t items, unsigned threads) {
   return static_cast<unsigned>(wanted < 65535 * 8 ? (wanted > 0 ? wanted : 1) : 65535 * 8);
 }
 
+// One value into a running largest magnitude, and whether any was NaN
+// (fmaxf drops NaN: it travels beside the maximum), for block_amax.
+template <typename A>
+__device__ inline void track(A value, float& mine, bool& nan) {
+  nan = nan || isnan(value);
+  mine = fmaxf(mine, fabsf(float(value)));
+}
+
 // Raises *amax_bits (a non-negative float's bits) to the block's largest
 // `mine`, or to NaN's bits when any thread saw a NaN (they exceed +inf's,
 // so NaN wins; fmaxf alone would drop it). Non-negative floats order as

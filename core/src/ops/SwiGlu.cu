@@ -25,14 +25,6 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
-// The largest magnitude of the values as stored (after their rounding),
-// and whether any was NaN: the FP8 cast's amax, as fp8_amax finds it.
-template <typename A>
-__device__ inline void track(A stored, float& mine, bool& nan) {
-  nan = nan || isnan(stored);
-  mine = fmaxf(mine, fabsf(float(stored)));
-}
-
 // Blocks tile a row's packs along x and walk the rows along y, so a thread
 // finds its row and column without dividing (a 64-bit division per element
 // cost more than the arithmetic).
@@ -54,6 +46,7 @@ __global__ void swiglu_forward_kernel(const T* gate_up, T* out, int64_t rows, in
       for (int j = 0; j < N; ++j) {
         const A gj = load(&g.v[j]);
         store(&r.v[j], gj * sigmoid(gj) * load(&u.v[j]));
+        // The value as stored (rounded), as fp8_amax will read it.
         if (amax_bits != nullptr) track(load(&r.v[j]), mine, nan);
       }
       y[i] = r;
