@@ -356,8 +356,8 @@ TEST(OpsGpu, Fp8LinearIsWithinFp8Precision) {
   EXPECT_TRUE(torch::equal(ops::linear(odd, {w}), torch::linear(odd, w)));
 }
 
-// The FP8 casts' vector kernels (16-byte loads; a 64 x 64 tile a block for
-// the transposed casts) and their scalar kernels (taken for data 2 bytes off
+// The FP8 casts' vector kernels (16-byte loads; a tile of 64 rows x 128
+// columns a block for the transposed casts) and their scalar kernels (taken for data 2 bytes off
 // alignment) give the same bits: the forward, input and weight gradients of
 // a linear layer whose input, weight and output gradient start aligned and
 // then one element off.
@@ -367,7 +367,8 @@ TEST(OpsGpu, Fp8VectorAndScalarKernelsGiveTheSameBits) {
   const Fp8On on;
   torch::manual_seed(9);
   const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
-  const int64_t tokens = 192, in = 256, out = 320;  // tiles cut at the edge: 192 and 320 are not multiples of 64
+  // Tiles cut at the edge: 208 rows are not a multiple of 64, 320 columns (dy) and 208 (x^T's rows) not of 128.
+  const int64_t tokens = 208, in = 256, out = 320;
   const torch::Tensor xs = torch::randn({tokens, in}).to(bf16), ws = (torch::randn({out, in}) * 0.05).to(bf16);
   const torch::Tensor dys = torch::randn({tokens, out}).to(bf16);
   // A contiguous copy of `like` whose data starts `offset` elements into a buffer.

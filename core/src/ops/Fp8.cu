@@ -131,47 +131,77 @@ __global__ void quantize_transposed_kernel(const __nv_bfloat16* x, int64_t rows,
 }
 
 // quantize_transposed_kernel for dimensions that are multiples of 8 with
-// x 16-byte and the outputs 8-byte aligned: a 64 x 64 tile a block, eight
-// values a thread and access (16-byte loads, 8-byte stores), the tile kept
-// as FP8 bytes in shared memory with rows 68 bytes apart (a word more than
-// 64: the column reads of the transposing pass fall in different banks).
-constexpr int kTile = 64;
-constexpr int kTileStride = kTile + 4;
-__global__ void quantize_transposed_vector_kernel(const __nv_bfloat16* x, int64_t rows, int64_t cols, bool e5m2,
-                                                  const unsigned* amax_bits, float* inverse_scale, uint8_t* out_t,
-                                                  uint8_t* out_rows) {
-  __shared__ alignas(16) uint8_t tile[kTile * kTileStride];
+// x 16-byte and the outputs 8-byte aligned: a tile of 64 rows x 128 columns
+// a block of 256 threads. Each thread first loads four 16-byte chunks of
+// eight bf16 values (all four in flight), casts them and keeps the FP8
+// bytes in shared memory, rows 132 bytes (33 words) apart; then it reads a
+// block of 8 rows x 4 columns as eight words, transposes it in registers
+// and writes four 8-byte pieces of the transposed rows. A warp covers 4 row
+// groups x 8 column groups, so its eight words of a read fall in 32
+// different banks (row group g, column group c: bank 8 g + c + m).
+constexpr int kTileRows = 64;
+constexpr int kTileCols = 128;
+constexpr int kTileStride = kTileCols + 4;  // bytes
+constexpr int kChunksPerRow = kTileCols / 8;
+constexpr int kLoadsPerThread = kTileRows * kChunksPerRow / 256;
+
+// Bytes q of a, b, c, d (the rows of a 4 x 4 byte block) as one word: its transpose's row q.
+__device__ inline void transpose4x4(uint32_t a, uint32_t b, uint32_t c, uint32_t d, uint32_t out[4]) {
+  const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);  // a0 b0 a1 b1, a2 b2 a3 b3
+  const uint32_t cd_lo = __byte_perm(c, d, 0x5140), cd_hi = __byte_perm(c, d, 0x7362);
+  out[0] = __byte_perm(ab_lo, cd_lo, 0x5410);  // a0 b0 c0 d0
+  out[1] = __byte_perm(ab_lo, cd_lo, 0x7632);
+  out[2] = __byte_perm(ab_hi, cd_hi, 0x5410);
+  out[3] = __byte_perm(ab_hi, cd_hi, 0x7632);
+}
+
+__global__ void __launch_bounds__(256)
+    quantize_transposed_vector_kernel(const __nv_bfloat16* x, int64_t rows, int64_t cols, bool e5m2,
+                                      const unsigned* amax_bits, float* inverse_scale, uint8_t* out_t,
+                                      uint8_t* out_rows) {
+  __shared__ alignas(16) uint8_t tile[kTileRows * kTileStride];
   const __nv_fp8_interpretation_t format = e5m2 ? __NV_E5M2 : __NV_E4M3;
   const float scale = transposed_cast_scale(amax_bits, e5m2, inverse_scale);
-  const int64_t c0 = blockIdx.x * int64_t(kTile), r0 = blockIdx.y * int64_t(kTile);
-  for (int k = threadIdx.x; k < kTile * kTile / 8; k += blockDim.x) {
-    const int i = k / 8, j = k % 8 * 8;  // the tile's row, and its column of 8
-    const int64_t r = r0 + i, c = c0 + j;
-    if (r >= rows || c >= cols) continue;
-    const Bf16x8 chunk = *reinterpret_cast<const Bf16x8*>(x + r * cols + c);
+  const int64_t c0 = blockIdx.x * int64_t(kTileCols), r0 = blockIdx.y * int64_t(kTileRows);
+  // Thread t's chunks: rows t / 16 + 16 l of the tile, all at columns 8 (t % 16) .. 8 (t % 16) + 7.
+  constexpr int kRowStep = 256 / kChunksPerRow;
+  const int i0 = threadIdx.x / kChunksPerRow, j = threadIdx.x % kChunksPerRow * 8;
+  const bool column_in = c0 + j < cols;
+  const int64_t first = (r0 + i0) * cols + c0 + j, step = kRowStep * cols;
+  Bf16x8 chunks[kLoadsPerThread];
+#pragma unroll
+  for (int l = 0; l < kLoadsPerThread; ++l) {
+    if (column_in && r0 + i0 + kRowStep * l < rows) chunks[l] = *reinterpret_cast<const Bf16x8*>(x + first + l * step);
+  }
+#pragma unroll
+  for (int l = 0; l < kLoadsPerThread; ++l) {
+    const int i = i0 + kRowStep * l;
+    if (!column_in || r0 + i >= rows) continue;
     Fp8x8 q;
     for (int p = 0; p < 4; ++p) {
-      const float2 f = __bfloat1622float2(chunk.v[p]);
+      const float2 f = __bfloat1622float2(chunks[l].v[p]);
       q.v[p] = __nv_cvt_float2_to_fp8x2(make_float2(f.x * scale, f.y * scale), __NV_SATFINITE, format);
     }
     const uint2 bytes = *reinterpret_cast<const uint2*>(&q);
     uint32_t* t = reinterpret_cast<uint32_t*>(tile + i * kTileStride + j);
     t[0] = bytes.x;
     t[1] = bytes.y;
-    if (out_rows != nullptr) *reinterpret_cast<uint2*>(out_rows + r * cols + c) = bytes;
+    if (out_rows != nullptr) *reinterpret_cast<uint2*>(out_rows + first + l * step) = bytes;
   }
   __syncthreads();
-  for (int k = threadIdx.x; k < kTile * kTile / 8; k += blockDim.x) {
-    const int j = k / 8, i = k % 8 * 8;  // the tile's column, and its row of 8
-    const int64_t c = c0 + j, r = r0 + i;
-    if (r >= rows || c >= cols) continue;
-    uint32_t lo = 0, hi = 0;
-    for (int m = 0; m < 4; ++m) {
-      lo |= uint32_t(tile[(i + m) * kTileStride + j]) << (8 * m);
-      hi |= uint32_t(tile[(i + 4 + m) * kTileStride + j]) << (8 * m);
-    }
-    *reinterpret_cast<uint2*>(out_t + c * rows + r) = make_uint2(lo, hi);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group = warp % 2 * 4 + lane % 4;    // rows 8 group .. 8 group + 7 of the tile
+  const int column4 = warp / 2 * 8 + lane / 4;  // columns 4 column4 .. 4 column4 + 3
+  const int64_t r = r0 + 8 * group, c = c0 + 4 * column4;
+  if (r >= rows || c >= cols) return;  // rows and cols are multiples of 8: a group is in whole or not at all
+  uint32_t words[8];
+  for (int m = 0; m < 8; ++m) {
+    words[m] = *reinterpret_cast<const uint32_t*>(tile + (8 * group + m) * kTileStride + 4 * column4);
   }
+  uint32_t lo[4], hi[4];
+  transpose4x4(words[0], words[1], words[2], words[3], lo);
+  transpose4x4(words[4], words[5], words[6], words[7], hi);
+  for (int q = 0; q < 4; ++q) *reinterpret_cast<uint2*>(out_t + (c + q) * rows + r) = make_uint2(lo[q], hi[q]);
 }
 
 }  // namespace
@@ -185,8 +215,9 @@ bool fp8_quantize_transposed(const void* x, int64_t rows, int64_t cols, bool e5m
                       reinterpret_cast<uintptr_t>(out_t) % 8 == 0 &&
                       (out_rows == nullptr || reinterpret_cast<uintptr_t>(out_rows) % 8 == 0);
   if (vector) {
-    quantize_transposed_vector_kernel<<<
-        dim3(unsigned((cols + kTile - 1) / kTile), unsigned((rows + kTile - 1) / kTile)), 256, 0, stream>>>(
+    quantize_transposed_vector_kernel<<<dim3(unsigned((cols + kTileCols - 1) / kTileCols),
+                                             unsigned((rows + kTileRows - 1) / kTileRows)),
+                                        256, 0, stream>>>(
         static_cast<const __nv_bfloat16*>(x), rows, cols, e5m2, reinterpret_cast<const unsigned*>(amax), inverse_scale,
         static_cast<uint8_t*>(out_t), static_cast<uint8_t*>(out_rows));
     return true;
