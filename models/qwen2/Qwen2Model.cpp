@@ -271,7 +271,9 @@ class Qwen2Model final : public Model {
                                  .reshape({b, t, c.hidden_size});
     const Tensor y = x + ops::linear(attention, {l.o_weight});
     const Tensor gate_up = linear_of(norm, y, {l.post_attention_norm}, {l.gate_weight, l.up_weight}, {});
-    return y + linear_of(swiglu, gate_up, {}, {l.down_weight}, {});
+    // Recomputed, SwiGLU's output goes straight into the FP8 weight gradient's operand (swiglu_linear).
+    return y + (keep_elementwise_ ? linear_of(swiglu, gate_up, {}, {l.down_weight}, {})
+                                  : ops::swiglu_linear(gate_up, {l.down_weight}));
   }
 
   // Built once per sequence length, device and dtype, reused by every block and step.

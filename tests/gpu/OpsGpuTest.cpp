@@ -493,6 +493,76 @@ TEST(OpsGpu, Fp8GemmAddsIntoItsAccumulator) {
       ops::kernels::GemmResult::unsupported);
   EXPECT_TRUE(torch::equal(d, before));
 }
+
+// SwiGLU's output cast to E4M3 and written transposed by one kernel
+// (recomputed in swiglu_linear's FP8 backward) is LibTorch's own cast
+// (round to nearest even) of the bf16 output swiglu's kernel writes, scaled
+// by a power of two that keeps every value in range: byte for byte. 208
+// rows and 320 columns cut the kernel's 64 x 128 tiles at both edges.
+// Shapes the kernel does not take are refused with nothing written.
+TEST(OpsGpu, SwiGluFp8TransposedCastIsLibTorchsCastOfItsOutput) {
+  REQUIRE_CUDA();
+  torch::manual_seed(13);
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  const int64_t rows = 208, width = 320;
+  const torch::Tensor gate_up = torch::randn({rows, 2 * width}).to(bf16);
+  const torch::Tensor inverse_scale = torch::full({}, 0.125, bf16.dtype(torch::kFloat32));
+  torch::NoGradGuard no_grad;
+  const torch::Tensor h = ops::swiglu(gate_up);
+  ASSERT_LT(h.abs().max().item<float>() * 8, 448.0f) << "the scaled values fit E4M3 without saturating";
+  const torch::Tensor expected = (h.to(torch::kFloat32) * 8).to(at::kFloat8_e4m3fn).t().contiguous();
+  const torch::Tensor out = torch::zeros({width, rows}, bf16.dtype(torch::kUInt8));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  ASSERT_TRUE(ops::kernels::swiglu_fp8_transposed(gate_up.data_ptr(), rows, width, inverse_scale.data_ptr<float>(),
+                                                  out.data_ptr(), stream));
+  EXPECT_TRUE(torch::equal(out, expected.view(torch::kUInt8)));
+  EXPECT_GT(out.count_nonzero().item<int64_t>(), rows * width / 2);
+  const torch::Tensor untouched = torch::zeros({width, rows - 4}, bf16.dtype(torch::kUInt8));
+  EXPECT_FALSE(ops::kernels::swiglu_fp8_transposed(gate_up.data_ptr(), rows - 4, width, inverse_scale.data_ptr<float>(),
+                                                   untouched.data_ptr(), stream));
+  EXPECT_EQ(untouched.count_nonzero().item<int64_t>(), 0);
+}
+
+// swiglu_linear is linear_of(swiglu, ...) bit for bit: in FP8 (where its
+// backward casts SwiGLU's output from gate_up directly), with the weight
+// gradient returned or added into a bound fp32 buffer, and in bf16.
+TEST(OpsGpu, SwiGluLinearGivesTheBitsOfLinearOf) {
+  REQUIRE_CUDA();
+  ASSERT_TRUE(ops::fp8_linear_available());
+  torch::manual_seed(14);
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  const int64_t tokens = 208, inter = 320, out = 256;  // tiles cut at the edges, as above
+  const torch::Tensor gs = torch::randn({2, tokens / 2, 2 * inter}).to(bf16),
+                      ws = (torch::randn({out, inter}) * 0.05).to(bf16);
+  const torch::Tensor dy = torch::randn({2, tokens / 2, out}).to(bf16);
+  const ops::InputFunction swiglu = [](const torch::Tensor& s, const std::vector<torch::Tensor>&) {
+    return ops::swiglu(s);
+  };
+  auto run = [&](bool fused, bool bound) {
+    const torch::Tensor g = gs.clone().requires_grad_(true), w = ws.clone().requires_grad_(true);
+    if (bound) w.mutable_grad() = torch::zeros({out, inter}, bf16.dtype(torch::kFloat32));
+    const torch::Tensor y = fused ? ops::swiglu_linear(g, {w}) : ops::linear_of(swiglu, g, {}, {w});
+    y.backward(dy);
+    return std::vector<torch::Tensor>{y, g.grad(), w.grad()};
+  };
+  const char* names[] = {"output", "gate/up gradient", "weight gradient"};
+  for (const bool fp8 : {true, false}) {
+    ops::set_fp8_linear(fp8);
+    for (const bool bound : {false, true}) {
+      const std::vector<torch::Tensor> general = run(false, bound), fused = run(true, bound);
+      for (size_t i = 0; i < general.size(); ++i) {
+        EXPECT_TRUE(torch::equal(general[i], fused[i]))
+            << names[i] << (fp8 ? ", fp8" : ", bf16") << (bound ? ", bound buffer" : "");
+      }
+      if (fp8 && !bound) {
+        const torch::Tensor h = ops::swiglu(gs).to(torch::kFloat64);
+        const torch::Tensor dw = dy.to(torch::kFloat64).reshape({tokens, out}).t().mm(h.reshape({tokens, inter}));
+        EXPECT_GT(relative_error(fused[2], dw), 4e-3) << "no FP8 rounding in the weight gradient";
+      }
+    }
+  }
+  ops::set_fp8_linear(false);
+}
 #endif
 
 TEST(OpsGpu, LinearCrossEntropySumMatchesTheCpuPath) {

@@ -181,6 +181,33 @@ TEST(Ops, LinearOfRecomputedInputGivesTheGradientsOfTheComposition) {
   EXPECT_TRUE(torch::equal(ops::linear_of(norm, x0, {n0}, {w0}), torch::linear(ops::rms_norm(x0, n0, eps), w0)));
 }
 
+// swiglu_linear is linear_of(swiglu, ...) on the CPU: the same values and
+// gradients (gate/up, stacked weights, biases), bit for bit.
+TEST(Ops, SwiGluLinearIsLinearOfSwiGlu) {
+  torch::manual_seed(8);
+  const torch::Tensor g0 = torch::randn({2, 3, 8}, kF64), w0 = torch::randn({5, 4}, kF64),
+                      w1 = torch::randn({2, 4}, kF64), b0 = torch::randn({5}, kF64), b1 = torch::randn({2}, kF64);
+  const ops::InputFunction swiglu = [](const torch::Tensor& s, const std::vector<torch::Tensor>&) {
+    return ops::swiglu(s);
+  };
+  std::vector<torch::Tensor> results[2];
+  for (const bool fused : {false, true}) {
+    const torch::Tensor g = leaf(g0.clone()), a = leaf(w0.clone()), b = leaf(w1.clone()), c = leaf(b0.clone()),
+                        d = leaf(b1.clone());
+    const torch::Tensor y =
+        fused ? ops::swiglu_linear(g, {a, b}, {c, d}) : ops::linear_of(swiglu, g, {}, {a, b}, {c, d});
+    y.backward(torch::cos(torch::arange(y.numel(), kF64)).view(y.sizes()));
+    results[fused] = {y.detach(), g.grad(), a.grad(), b.grad(), c.grad(), d.grad()};
+  }
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    ASSERT_TRUE(results[1][i].defined()) << i;
+    EXPECT_TRUE(torch::equal(results[0][i], results[1][i])) << i;
+  }
+  EXPECT_LT(relative_error(results[1][0],
+                           torch::linear(ops::swiglu_reference(g0), torch::cat({w0, w1}), torch::cat({b0, b1}))),
+            kFp64);
+}
+
 // Hugging Face's form: x * cos + rotate_half(x) * sin with tables of the full head width.
 torch::Tensor hf_rotary(const torch::Tensor& x /*[b, t, h, d]*/, double theta) {
   const int64_t t = x.size(1), d = x.size(3);

@@ -107,6 +107,11 @@ void offer_fp8_amax(const torch::Tensor& t, const torch::Tensor& amax);
 /// counter unchanged); undefined otherwise. Either way the offer is
 /// withdrawn: it holds the tensor alive until then.
 torch::Tensor take_fp8_amax(const torch::Tensor& t);
+
+/// The gradient of swiglu (CUDA kernels) with respect to its input
+/// `gate_up` for the output gradient `d_out`, as swiglu's backward computes
+/// it (offering its amax as that does).
+torch::Tensor swiglu_gradient(const torch::Tensor& gate_up, const torch::Tensor& d_out);
 #endif
 
 /// fp64 stays fp64; everything narrower computes in fp32.

@@ -36,6 +36,14 @@ void swiglu_forward(Dtype dtype, const void* gate_up, void* out, int64_t rows, i
 /// `amax` as swiglu_forward's, over d_gate_up.
 void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows, int64_t width,
                      float* amax, cudaStream_t stream);
+/// SwiGLU's output of bf16 `gate_up` ([rows, 2 * width]) as swiglu_forward
+/// writes it, cast to E4M3 with the scale 1 / *inverse_scale (a device
+/// float) and written transposed into out_t ([width, rows]), as
+/// fp8_quantize_transposed would write it from swiglu_forward's output: the
+/// same bytes, without the bf16 output. False, launching nothing, unless
+/// rows and width are multiples of 8, gate_up is 16-byte and out_t 8-byte aligned.
+bool swiglu_fp8_transposed(const void* gate_up, int64_t rows, int64_t width, const float* inverse_scale, void* out_t,
+                           cudaStream_t stream);
 
 /// Per row of fp32 `logits` ([rows, vocab], contiguous) with target `targets[row]`:
 /// loss[row] = logsumexp - logit of the target (NaN for a target outside [0, vocab)), and,

@@ -12,6 +12,7 @@
 #include <torch/version.h>
 
 #include "Dispatch.h"
+#include "trainer/ops/SwiGlu.h"
 
 namespace trainer::ops {
 
@@ -229,12 +230,14 @@ Fp8Tensor quantize_both(const torch::Tensor& t, bool e5m2, torch::Tensor* transp
 // forward's scales (the values have not changed since), exact accumulation.
 // dx = dY W when `need_dx`; the weight gradient dY^T x added in fp32 into
 // `into` when defined (see fused_gradient_target), else returned in bf16.
+// `x_t_given`, when defined, is x's transposed cast already made (and x is
+// not read).
 // Undefined tensors where the build has no scaled GEMM (never called then).
 struct Fp8Grads {
   torch::Tensor dx, dw;
 };
 Fp8Grads fp8_backward(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& w, const Fp8Scales& scales,
-                      bool need_dx, const torch::Tensor& into) {
+                      bool need_dx, const torch::Tensor& into, const torch::Tensor& x_t_given) {
   Fp8Grads g;
 #ifdef TRAINER_FP8_LINEAR
   torch::Tensor dy_t;
@@ -246,7 +249,7 @@ Fp8Grads fp8_backward(const torch::Tensor& dy, const torch::Tensor& x, const tor
                           /*use_fast_accum=*/false);
   }
   // dW = dY^T x: dY^T row-major, x as the column-major [tokens, in] operand (x^T laid out row-major).
-  const torch::Tensor x_t = quantize_transposed(x, false, scales.x);
+  const torch::Tensor x_t = x_t_given.defined() ? x_t_given : quantize_transposed(x, false, scales.x);
   if (into.defined()) {
     // The GEMM adds into the accumulator itself (beta 1); an fp32 product
     // added by a second pass only where cuBLASLt offers no kernel for it.
@@ -271,9 +274,15 @@ Fp8Grads fp8_backward(const torch::Tensor& dy, const torch::Tensor& x, const tor
                           /*use_fast_accum=*/false);
   }
 #else
-  (void)dy, (void)x, (void)w, (void)scales, (void)need_dx, (void)into;
+  (void)dy, (void)x, (void)w, (void)scales, (void)need_dx, (void)into, (void)x_t_given;
 #endif
   return g;
+}
+
+// Whether the backward of a product whose forward gave `scales` runs in FP8
+// for the output gradient `dy` ([rows, out]).
+bool fp8_backward_applies(const torch::Tensor& dy, const torch::Tensor& w, const Fp8Scales& scales) {
+  return scales.w.defined() && scales.x.defined() && fp8_fits(dy, dy.size(0), w.size(0), w.size(1));
 }
 
 // The gradients of y = x W^T + b for stacked W: dx (when wanted) and one
@@ -287,20 +296,26 @@ struct LinearGrads {
 // weight gradient in place, see fused_gradient_target; their gradients are
 // then returned undefined, and autograd adds nothing).
 // `scales`: the forward's FP8 scales; undefined where it ran in bf16.
+// `x_t`: x's transposed FP8 cast, made by the caller where the backward
+// runs in FP8 (fp8_backward_applies); x is then not read and may be undefined.
 LinearGrads linear_backward(const torch::Tensor& dy_in, const torch::Tensor& x, const torch::Tensor& w,
                             const std::vector<torch::Tensor>& weights, bool with_bias, bool need_dx,
-                            const Fp8Scales& scales) {
+                            const Fp8Scales& scales, const torch::Tensor& x_t = torch::Tensor()) {
   LinearGrads out;
   const torch::Tensor dy = dy_in.reshape({-1, w.size(0)});
-  const torch::Tensor x2 = x.reshape({-1, w.size(1)});
+  std::vector<int64_t> x_sizes = dy_in.sizes().vec();  // x's: y = x W^T has x's leading dimensions
+  x_sizes.back() = w.size(1);
   torch::Tensor into = fused_gradient_target(weights, dy);
   torch::Tensor dw;
-  if (scales.w.defined() && scales.x.defined() && fp8_fits(dy, dy.size(0), w.size(0), w.size(1))) {
-    Fp8Grads g = fp8_backward(dy, x2, w, scales, need_dx, into);
-    if (need_dx) out.dx = g.dx.view(x.sizes());
+  if (fp8_backward_applies(dy, w, scales)) {
+    Fp8Grads g =
+        fp8_backward(dy, x_t.defined() ? torch::Tensor() : x.reshape({-1, w.size(1)}), w, scales, need_dx, into, x_t);
+    if (need_dx) out.dx = g.dx.view(x_sizes);
     dw = g.dw;  // undefined when added into `into`
   } else {
-    if (need_dx) out.dx = dy.mm(w).view(x.sizes());
+    TORCH_CHECK(x.defined(), "linear backward: the input was not kept for a product outside FP8");
+    const torch::Tensor x2 = x.reshape({-1, w.size(1)});
+    if (need_dx) out.dx = dy.mm(w).view(x_sizes);
     if (into.defined()) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
       torch::NoGradGuard no_grad;
@@ -354,21 +369,25 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
 };
 
 // Inputs, in edge order: s, each of f's parameters, each weight, each bias.
+// `swiglu`: f is swiglu (and has no parameters), see swiglu_fp8_backward.
 class LinearOfBackward final : public torch::autograd::Node {
  public:
   LinearOfBackward(InputFunction f, const torch::Tensor& s, const std::vector<torch::Tensor>& f_params, torch::Tensor w,
-                   std::vector<torch::Tensor> weights, bool with_bias, Fp8Scales scales)
+                   std::vector<torch::Tensor> weights, bool with_bias, Fp8Scales scales, bool swiglu)
       : f_(std::move(f)),
         s_(s, /*is_output=*/false),
         w_(std::move(w)),
         scales_(std::move(scales)),
         weights_(std::move(weights)),
-        with_bias_(with_bias) {
+        with_bias_(with_bias),
+        swiglu_(swiglu) {
     for (const torch::Tensor& p : f_params) params_.emplace_back(p, /*is_output=*/false);
   }
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     const torch::Tensor s_saved = s_.unpack();
+    torch::autograd::variable_list fused;
+    if (swiglu_ && swiglu_fp8_backward(s_saved, grads[0], &fused)) return fused;
     const torch::Tensor s = s_saved.detach().requires_grad_(s_saved.requires_grad());
     std::vector<torch::Tensor> params;
     for (torch::autograd::SavedVariable& p : params_) params.push_back(p.unpack().detach().requires_grad_(true));
@@ -396,6 +415,42 @@ class LinearOfBackward final : public torch::autograd::Node {
     return out;
   }
 
+  // The backward where f is swiglu and the product runs in FP8: the
+  // weight gradient's transposed FP8 operand straight from s (SwiGLU's
+  // input) with the forward's scale, and s's gradient from SwiGLU's
+  // backward kernel; f's output is never written. The same kernels and
+  // scales as the general path (OpsGpu.SwiGluLinearGivesTheBitsOfLinearOf).
+  // False, having done nothing, where the general path is to run.
+  bool swiglu_fp8_backward(const torch::Tensor& s_saved, const torch::Tensor& dy, torch::autograd::variable_list* out) {
+#ifdef TRAINER_FP8_LINEAR
+    const int64_t width = w_.size(1);
+    if (!fp8_backward_applies(dy.reshape({-1, w_.size(0)}), w_, scales_) || s_saved.scalar_type() != torch::kBFloat16 ||
+        s_saved.size(-1) != 2 * width) {
+      return false;
+    }
+    const torch::Tensor gate_up = s_saved.detach().contiguous();
+    const int64_t rows = gate_up.numel() / (2 * width);
+    const torch::Tensor x_t = torch::empty({width, rows}, gate_up.options().dtype(at::kFloat8_e4m3fn));
+    {
+      const KernelLaunch launch("swiglu_fp8_transposed", {gate_up, scales_.x, x_t});
+      if (!kernels::swiglu_fp8_transposed(gate_up.data_ptr(), rows, width, scales_.x.data_ptr<float>(), x_t.data_ptr(),
+                                          launch.stream())) {
+        return false;
+      }
+      check_launch("swiglu_fp8_transposed");
+    }
+    const bool need_ds = s_saved.requires_grad();
+    LinearGrads g = linear_backward(dy, torch::Tensor(), w_, weights_, with_bias_, need_ds, scales_, x_t);
+    out->push_back(need_ds ? swiglu_gradient(gate_up, g.dx) : torch::Tensor());
+    out->insert(out->end(), g.weights.begin(), g.weights.end());
+    out->insert(out->end(), g.biases.begin(), g.biases.end());
+    return true;
+#else
+    (void)s_saved, (void)dy, (void)out;
+    return false;
+#endif
+  }
+
   void release_variables() override {
     s_.reset_data();
     for (torch::autograd::SavedVariable& p : params_) p.reset_data();
@@ -412,7 +467,35 @@ class LinearOfBackward final : public torch::autograd::Node {
   Fp8Scales scales_;                    // the forward's FP8 scales (f's output's and W's), or undefined
   std::vector<torch::Tensor> weights_;  // the parameters themselves, for their .grad
   bool with_bias_;
+  bool swiglu_;
 };
+
+// linear_of, and swiglu_linear with `swiglu`.
+torch::Tensor linear_of_input(InputFunction f, const torch::Tensor& s, const std::vector<torch::Tensor>& f_params,
+                              const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases,
+                              bool swiglu) {
+  TORCH_CHECK(!weights.empty(), "linear_of: no weights");
+  TORCH_CHECK(biases.empty() || biases.size() == weights.size(), "linear_of: give no bias or one per weight");
+  std::vector<torch::Tensor> inputs{s};
+  inputs.insert(inputs.end(), f_params.begin(), f_params.end());
+  inputs.insert(inputs.end(), weights.begin(), weights.end());
+  inputs.insert(inputs.end(), biases.begin(), biases.end());
+  bool any = false;
+  for (const torch::Tensor& t : inputs) any = any || t.requires_grad();
+  if (!torch::GradMode::is_enabled() || !any) return linear(f(s, f_params), weights, biases);
+  const torch::Tensor w = stacked(weights);
+  torch::Tensor y;
+  Fp8Scales scales;
+  {
+    torch::NoGradGuard no_grad;  // f's output is not kept
+    y = product(f(s, f_params), w, biases.empty() ? torch::Tensor() : stacked(biases), &scales);
+  }
+  auto node = std::make_shared<LinearOfBackward>(std::move(f), s, f_params, w, weights, !biases.empty(),
+                                                 std::move(scales), swiglu);
+  for (const torch::Tensor& t : inputs) node->add_next_edge(torch::autograd::impl::gradient_edge(t));
+  torch::autograd::set_history(y, node);
+  return y;
+}
 
 }  // namespace
 
@@ -437,27 +520,13 @@ namespace trainer::ops {
 
 torch::Tensor linear_of(InputFunction f, const torch::Tensor& s, const std::vector<torch::Tensor>& f_params,
                         const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases) {
-  TORCH_CHECK(!weights.empty(), "linear_of: no weights");
-  TORCH_CHECK(biases.empty() || biases.size() == weights.size(), "linear_of: give no bias or one per weight");
-  std::vector<torch::Tensor> inputs{s};
-  inputs.insert(inputs.end(), f_params.begin(), f_params.end());
-  inputs.insert(inputs.end(), weights.begin(), weights.end());
-  inputs.insert(inputs.end(), biases.begin(), biases.end());
-  bool any = false;
-  for (const torch::Tensor& t : inputs) any = any || t.requires_grad();
-  if (!torch::GradMode::is_enabled() || !any) return linear(f(s, f_params), weights, biases);
-  const torch::Tensor w = stacked(weights);
-  torch::Tensor y;
-  Fp8Scales scales;
-  {
-    torch::NoGradGuard no_grad;  // f's output is not kept
-    y = product(f(s, f_params), w, biases.empty() ? torch::Tensor() : stacked(biases), &scales);
-  }
-  auto node =
-      std::make_shared<LinearOfBackward>(std::move(f), s, f_params, w, weights, !biases.empty(), std::move(scales));
-  for (const torch::Tensor& t : inputs) node->add_next_edge(torch::autograd::impl::gradient_edge(t));
-  torch::autograd::set_history(y, node);
-  return y;
+  return linear_of_input(std::move(f), s, f_params, weights, biases, /*swiglu=*/false);
+}
+
+torch::Tensor swiglu_linear(const torch::Tensor& gate_up, const std::vector<torch::Tensor>& weights,
+                            const std::vector<torch::Tensor>& biases) {
+  static const InputFunction f = [](const torch::Tensor& s, const std::vector<torch::Tensor>&) { return swiglu(s); };
+  return linear_of_input(f, gate_up, {}, weights, biases, /*swiglu=*/true);
 }
 
 }  // namespace trainer::ops

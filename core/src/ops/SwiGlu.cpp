@@ -40,23 +40,29 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const torch::Tensor gate_up = ctx->get_saved_variables()[0];
-    const torch::Tensor d_out = grads[0].contiguous();
-    const int64_t width = gate_up.size(-1) / 2;
-    torch::Tensor d_gate_up = torch::empty_like(gate_up);
-    const torch::Tensor amax = fp8_amax_buffer(gate_up);
-    const KernelLaunch launch("swiglu_backward", {gate_up, d_out, d_gate_up});
-    kernels::swiglu_backward(kernel_dtype(gate_up), gate_up.data_ptr(), d_out.data_ptr(), d_gate_up.data_ptr(),
-                             gate_up.numel() / (2 * width), width, amax.defined() ? amax.data_ptr<float>() : nullptr,
-                             launch.stream());
-    check_launch("swiglu_backward");
-    if (amax.defined()) offer_fp8_amax(d_gate_up, amax);  // the gate/up projection's gradient cast reads it next
-    return {d_gate_up};
+    return {swiglu_gradient(ctx->get_saved_variables()[0], grads[0])};
   }
 };
 #endif
 
 }  // namespace
+
+#ifdef TRAINER_CUDA_KERNELS
+torch::Tensor swiglu_gradient(const torch::Tensor& gate_up_in, const torch::Tensor& d_out_in) {
+  const torch::Tensor gate_up = gate_up_in.contiguous();
+  const torch::Tensor d_out = d_out_in.contiguous();
+  const int64_t width = gate_up.size(-1) / 2;
+  torch::Tensor d_gate_up = torch::empty_like(gate_up);
+  const torch::Tensor amax = fp8_amax_buffer(gate_up);
+  const KernelLaunch launch("swiglu_backward", {gate_up, d_out, d_gate_up});
+  kernels::swiglu_backward(kernel_dtype(gate_up), gate_up.data_ptr(), d_out.data_ptr(), d_gate_up.data_ptr(),
+                           gate_up.numel() / (2 * width), width, amax.defined() ? amax.data_ptr<float>() : nullptr,
+                           launch.stream());
+  check_launch("swiglu_backward");
+  if (amax.defined()) offer_fp8_amax(d_gate_up, amax);  // the gate/up projection's gradient cast reads it next
+  return d_gate_up;
+}
+#endif
 
 torch::Tensor swiglu_reference(const torch::Tensor& gate_up) {
   const int64_t width = gate_up.size(-1) / 2;

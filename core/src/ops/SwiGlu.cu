@@ -8,6 +8,7 @@
 //   dy/dg = u s(g) (1 + g (1 - s(g))),  dy/du = g s(g)
 #include <algorithm>
 
+#include "Fp8Tile.cuh"
 #include "KernelSupport.cuh"
 
 namespace trainer::ops::kernels {
@@ -16,6 +17,13 @@ namespace {
 template <typename A>
 __device__ inline A sigmoid(A x) {
   return A(1) / (A(1) + exp(-x));
+}
+
+// The forward's value, in the arithmetic type; every kernel that writes it
+// computes it here, so that the values agree to the bit.
+template <typename A>
+__device__ inline A swiglu_value(A g, A u) {
+  return g * sigmoid(g) * u;
 }
 
 // N consecutive elements moved as one 16-byte access (N = 1: the scalar
@@ -45,7 +53,7 @@ __global__ void swiglu_forward_kernel(const T* gate_up, T* out, int64_t rows, in
 #pragma unroll
       for (int j = 0; j < N; ++j) {
         const A gj = load(&g.v[j]);
-        store(&r.v[j], gj * sigmoid(gj) * load(&u.v[j]));
+        store(&r.v[j], swiglu_value(gj, load(&u.v[j])));
         // The value as stored (rounded), as fp8_amax will read it.
         if (amax_bits != nullptr) track(load(&r.v[j]), mine, nan);
       }
@@ -88,6 +96,34 @@ __global__ void swiglu_backward_kernel(const T* gate_up, const T* d_out, T* d_ga
     }
   }
   if (amax_bits != nullptr) block_amax(mine, nan, amax_bits);
+}
+
+// SwiGLU's bf16 output for the FP8 transposing cast (Fp8Tile.cuh): eight
+// values from a gate and an up chunk, each rounded to bf16 as
+// swiglu_forward_kernel stores it.
+struct SwiGluChunks {
+  const __nv_bfloat16* gate_up;
+  int64_t width;
+  struct Raw {
+    Bf16x8 gate, up;
+  };
+  __device__ Raw fetch(int64_t r, int64_t c) const {
+    const __nv_bfloat16* row = gate_up + r * 2 * width;
+    return Raw{*reinterpret_cast<const Bf16x8*>(row + c), *reinterpret_cast<const Bf16x8*>(row + width + c)};
+  }
+  __device__ void values(const Raw& raw, float v[8]) const {
+    float g[8], u[8];
+    unpack(raw.gate, g);
+    unpack(raw.up, u);
+    for (int k = 0; k < 8; ++k) v[k] = __bfloat162float(__float2bfloat16(swiglu_value(g[k], u[k])));
+  }
+};
+
+__global__ void __launch_bounds__(kTileThreads)
+    swiglu_fp8_transposed_kernel(const __nv_bfloat16* gate_up, int64_t rows, int64_t width, const float* inverse_scale,
+                                 uint8_t* out_t) {
+  const float scale = 1.0f / *inverse_scale;
+  cast_tile_transposed(SwiGluChunks{gate_up, width}, rows, width, scale, __NV_E4M3, out_t, nullptr);
 }
 
 constexpr unsigned kThreads = 128;
@@ -145,6 +181,18 @@ void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* 
           <<<grid_for(rows, width, amax_bits != nullptr), kThreads, 0, stream>>>(in, dy, d_in, rows, width, amax_bits);
     }
   });
+}
+
+bool swiglu_fp8_transposed(const void* gate_up, int64_t rows, int64_t width, const float* inverse_scale, void* out_t,
+                           cudaStream_t stream) {
+  const bool fits = rows % 8 == 0 && width % 8 == 0 && aligned16(gate_up) &&
+                    reinterpret_cast<uintptr_t>(out_t) % 8 == 0 && (rows + kTileRows - 1) / kTileRows <= 65535 &&
+                    (width + kTileCols - 1) / kTileCols <= (int64_t(1) << 31) - 1;
+  if (!fits) return false;
+  if (rows == 0 || width == 0) return true;
+  swiglu_fp8_transposed_kernel<<<transposed_tile_grid(rows, width), kTileThreads, 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(gate_up), rows, width, inverse_scale, static_cast<uint8_t*>(out_t));
+  return true;
 }
 
 }  // namespace trainer::ops::kernels

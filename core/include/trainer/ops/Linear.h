@@ -32,4 +32,12 @@ using InputFunction = std::function<torch::Tensor(const torch::Tensor&, const st
 torch::Tensor linear_of(InputFunction f, const torch::Tensor& s, const std::vector<torch::Tensor>& f_params,
                         const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases = {});
 
+/// linear_of(swiglu, gate_up, {}, weights, biases): SwiGLU in front of a
+/// linear layer, its output recomputed in backward; the same values and
+/// gradients, bit for bit. Where the layer runs in FP8, backward never
+/// writes SwiGLU's output in bf16: one kernel reads `gate_up` and writes the
+/// weight gradient's transposed FP8 operand.
+torch::Tensor swiglu_linear(const torch::Tensor& gate_up, const std::vector<torch::Tensor>& weights,
+                            const std::vector<torch::Tensor>& biases = {});
+
 }  // namespace trainer::ops
