@@ -523,6 +523,29 @@ TEST(OpsGpu, SwiGluFp8TransposedCastIsLibTorchsCastOfItsOutput) {
   EXPECT_EQ(untouched.count_nonzero().item<int64_t>(), 0);
 }
 
+// Without an input gradient, the FP8 backward casts dY only transposed
+// (for the weight gradient): the same scale and bytes, so the weight
+// gradient is bit for bit the one computed beside an input gradient.
+TEST(OpsGpu, Fp8WeightGradientIsTheSameWithoutAnInputGradient) {
+  REQUIRE_CUDA();
+  ASSERT_TRUE(ops::fp8_linear_available());
+  const Fp8On on;
+  torch::manual_seed(15);
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  const torch::Tensor xs = torch::randn({208, 256}).to(bf16), ws = (torch::randn({320, 256}) * 0.05).to(bf16);
+  const torch::Tensor dy = torch::randn({208, 320}).to(bf16);
+  torch::Tensor dw[2];
+  for (const bool input_gradient : {false, true}) {
+    const torch::Tensor x = xs.clone().requires_grad_(input_gradient), w = ws.clone().requires_grad_(true);
+    ops::linear(x, {w}).backward(dy);
+    EXPECT_EQ(x.grad().defined(), input_gradient);
+    dw[input_gradient] = w.grad();
+  }
+  EXPECT_TRUE(torch::equal(dw[0], dw[1]));
+  const torch::Tensor expected = dy.to(torch::kFloat64).t().mm(xs.to(torch::kFloat64));
+  EXPECT_GT(relative_error(dw[0], expected), 4e-3) << "no FP8 rounding in the weight gradient";
+}
+
 // swiglu_linear is linear_of(swiglu, ...) bit for bit: in FP8 (where its
 // backward casts SwiGLU's output from gate_up directly), with the weight
 // gradient returned or added into a bound fp32 buffer, and in bf16.

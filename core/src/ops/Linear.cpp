@@ -129,16 +129,27 @@ struct Fp8Tensor {
 };
 
 #ifdef TRAINER_FP8_LINEAR
+// The amax for a cast of `x`: the one a kernel offered for it (`known`),
+// else a device float for the cast's own pass to fill.
+struct CastAmax {
+  torch::Tensor amax;
+  bool known = false;
+};
+CastAmax cast_amax(const torch::Tensor& x) {
+  const torch::Tensor offered = take_fp8_amax(x);
+  if (offered.defined()) return CastAmax{offered, true};
+  return CastAmax{torch::empty({1}, x.options().dtype(torch::kFloat32)), false};
+}
+
 Fp8Tensor quantize(const torch::Tensor& t, bool e5m2) {
   const torch::Tensor x = t.contiguous();
-  const torch::Tensor offered = take_fp8_amax(x);
-  KernelLaunch launch("fp8_quantize", {x, offered});
+  const CastAmax a = cast_amax(x);
+  KernelLaunch launch("fp8_quantize", {x, a.amax});
   Fp8Tensor q;
   q.data = torch::empty(x.sizes(), x.options().dtype(e5m2 ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn));
-  const torch::Tensor amax = offered.defined() ? offered : torch::empty({1}, x.options().dtype(torch::kFloat32));
   // The scale an allocation of its own: cuBLASLt takes scale pointers aligned as allocations are.
   q.inverse_scale = torch::empty({}, x.options().dtype(torch::kFloat32));
-  kernels::fp8_quantize(x.data_ptr(), x.numel(), e5m2, q.data.data_ptr(), amax.data_ptr<float>(), offered.defined(),
+  kernels::fp8_quantize(x.data_ptr(), x.numel(), e5m2, q.data.data_ptr(), a.amax.data_ptr<float>(), a.known,
                         q.inverse_scale.data_ptr<float>(), launch.stream());
   check_launch("fp8_quantize");
   return q;
@@ -201,23 +212,23 @@ torch::Tensor quantize_transposed(const torch::Tensor& t, bool e5m2, const torch
   return out;
 }
 
-// A contiguous bf16 [rows, cols] `t` cast with a scale of its own, both as
-// laid out (the result) and transposed (*transposed): one pass for the
-// largest magnitude, one that reads t once and writes both.
-Fp8Tensor quantize_both(const torch::Tensor& t, bool e5m2, torch::Tensor* transposed) {
+// A contiguous bf16 [rows, cols] `t` cast with a scale of its own,
+// transposed (*transposed) and, with `rows`, also as laid out (the result's
+// data; undefined without): one pass for the largest magnitude (none where
+// the kernel that wrote t offered it), one that reads t once and writes both.
+Fp8Tensor quantize_both(const torch::Tensor& t, bool e5m2, torch::Tensor* transposed, bool rows) {
   const torch::Tensor x = t.contiguous();
   const auto fp8 = x.options().dtype(e5m2 ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn);
   Fp8Tensor q;
-  q.data = torch::empty(x.sizes(), fp8);
+  if (rows) q.data = torch::empty(x.sizes(), fp8);
   *transposed = torch::empty({x.size(1), x.size(0)}, fp8);
-  const torch::Tensor offered = take_fp8_amax(x);
-  const torch::Tensor amax = offered.defined() ? offered : torch::empty({1}, x.options().dtype(torch::kFloat32));
+  const CastAmax a = cast_amax(x);
   q.inverse_scale = torch::empty({}, x.options().dtype(torch::kFloat32));
-  KernelLaunch launch("fp8_quantize_both", {x, q.data, *transposed, amax});
-  if (!offered.defined()) kernels::fp8_amax(x.data_ptr(), x.numel(), amax.data_ptr<float>(), launch.stream());
-  TORCH_CHECK(kernels::fp8_quantize_transposed(x.data_ptr(), x.size(0), x.size(1), e5m2, amax.data_ptr<float>(),
+  KernelLaunch launch("fp8_quantize_both", {x, q.data, *transposed, a.amax});
+  if (!a.known) kernels::fp8_amax(x.data_ptr(), x.numel(), a.amax.data_ptr<float>(), launch.stream());
+  TORCH_CHECK(kernels::fp8_quantize_transposed(x.data_ptr(), x.size(0), x.size(1), e5m2, a.amax.data_ptr<float>(),
                                                q.inverse_scale.data_ptr<float>(), transposed->data_ptr(),
-                                               q.data.data_ptr(), launch.stream()),
+                                               rows ? q.data.data_ptr() : nullptr, launch.stream()),
               "fp8_quantize_transposed: ", x.size(0), " rows exceed the kernel's grid");
   check_launch("fp8_quantize_both");
   return q;
@@ -226,8 +237,9 @@ Fp8Tensor quantize_both(const torch::Tensor& t, bool e5m2, torch::Tensor* transp
 
 // The gradients of y = x W^T + b where the forward ran in FP8 (its scales
 // `scales`), all three products scaled GEMMs: dY in E5M2 for its range
-// (cast once, read once, laid out both ways), x and W in E4M3 with the
-// forward's scales (the values have not changed since), exact accumulation.
+// (cast once, read once, laid out both ways, or only transposed when dx is
+// not wanted), x and W in E4M3 with the forward's scales (the values have
+// not changed since), exact accumulation.
 // dx = dY W when `need_dx`; the weight gradient dY^T x added in fp32 into
 // `into` when defined (see fused_gradient_target), else returned in bf16.
 // `x_t_given`, when defined, is x's transposed cast already made (and x is
@@ -241,7 +253,7 @@ Fp8Grads fp8_backward(const torch::Tensor& dy, const torch::Tensor& x, const tor
   Fp8Grads g;
 #ifdef TRAINER_FP8_LINEAR
   torch::Tensor dy_t;
-  const Fp8Tensor dyq = quantize_both(dy, true, &dy_t);
+  const Fp8Tensor dyq = quantize_both(dy, true, &dy_t, /*rows=*/need_dx);
   if (need_dx) {
     // W as the column-major [out, in] operand: W^T laid out row-major.
     const torch::Tensor w_t = quantize_transposed(w, false, scales.w);
@@ -253,16 +265,14 @@ Fp8Grads fp8_backward(const torch::Tensor& dy, const torch::Tensor& x, const tor
   if (into.defined()) {
     // The GEMM adds into the accumulator itself (beta 1); an fp32 product
     // added by a second pass only where cuBLASLt offers no kernel for it.
-    kernels::GemmResult added = kernels::GemmResult::unsupported;
-    if (into.is_contiguous()) {
-      const KernelLaunch launch("fp8_gemm_accumulate", {dy_t, x_t, into, dyq.inverse_scale, scales.x});
-      added = kernels::fp8_gemm_accumulate(dy_t.data_ptr(), true, dyq.inverse_scale.data_ptr<float>(), x_t.data_ptr(),
-                                           false, scales.x.data_ptr<float>(), into.data_ptr<float>(), dy_t.size(0),
-                                           x_t.size(0), dy_t.size(1), launch.stream());
-      if (added == kernels::GemmResult::failed) {
-        throw TrainingError("fp8_gemm_accumulate: cuBLASLt failed to add a weight gradient of " +
-                            std::to_string(into.size(0)) + " x " + std::to_string(into.size(1)) + " into its buffer");
-      }
+    // (fused_gradient_target's views are contiguous, as the GEMM writes them.)
+    const KernelLaunch launch("fp8_gemm_accumulate", {dy_t, x_t, into, dyq.inverse_scale, scales.x});
+    const kernels::GemmResult added = kernels::fp8_gemm_accumulate(
+        dy_t.data_ptr(), true, dyq.inverse_scale.data_ptr<float>(), x_t.data_ptr(), false, scales.x.data_ptr<float>(),
+        into.data_ptr<float>(), dy_t.size(0), x_t.size(0), dy_t.size(1), launch.stream());
+    if (added == kernels::GemmResult::failed) {
+      throw TrainingError("fp8_gemm_accumulate: cuBLASLt failed to add a weight gradient of " +
+                          std::to_string(into.size(0)) + " x " + std::to_string(into.size(1)) + " into its buffer");
     }
     if (added == kernels::GemmResult::unsupported) {
       torch::NoGradGuard no_grad;
