@@ -36,6 +36,7 @@ void swiglu_forward(Dtype dtype, const void* gate_up, void* out, int64_t rows, i
 /// `amax` as swiglu_forward's, over d_gate_up.
 void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows, int64_t width,
                      float* amax, cudaStream_t stream);
+
 /// SwiGLU's output of bf16 `gate_up` ([rows, 2 * width]) as swiglu_forward
 /// writes it, cast to E4M3 with the scale 1 / *inverse_scale (a device
 /// float) and written transposed into out_t ([width, rows]), as
