@@ -263,15 +263,21 @@ class Qwen2Model final : public Model {
       static const ops::InputFunction identity = [](const Tensor& h, const std::vector<Tensor>&) { return h; };
       return ops::linear_of(identity, f(s.view_as(s), f_params), {}, weights, biases);
     };
-    const Tensor qkv = linear_of(norm, x, {l.input_norm}, {l.q_weight, l.k_weight, l.v_weight}, qkv_biases);
+    // Recomputed, the norms' outputs go straight into the FP8 weight
+    // gradients' operands (norm_linear), as SwiGLU's does (swiglu_linear).
+    auto norm_linear = [&](const Tensor& s, const Tensor& norm_weight, const std::vector<Tensor>& weights,
+                           const std::vector<Tensor>& biases) {
+      return keep_elementwise_ ? linear_of(norm, s, {norm_weight}, weights, biases)
+                               : ops::norm_linear(s, norm_weight, eps, weights, biases);
+    };
+    const Tensor qkv = norm_linear(x, l.input_norm, {l.q_weight, l.k_weight, l.v_weight}, qkv_biases);
     const ops::QkvHeads heads = ops::split_qkv_rotary(qkv, c.num_heads, c.num_kv_heads, tables);
     const Tensor attention = ops::document_causal_attention(heads.q.transpose(1, 2), heads.k.transpose(1, 2),
                                                             heads.v.transpose(1, 2), documents)
                                  .transpose(1, 2)
                                  .reshape({b, t, c.hidden_size});
     const Tensor y = x + ops::linear(attention, {l.o_weight});
-    const Tensor gate_up = linear_of(norm, y, {l.post_attention_norm}, {l.gate_weight, l.up_weight}, {});
-    // Recomputed, SwiGLU's output goes straight into the FP8 weight gradient's operand (swiglu_linear).
+    const Tensor gate_up = norm_linear(y, l.post_attention_norm, {l.gate_weight, l.up_weight}, {});
     return y + (keep_elementwise_ ? linear_of(swiglu, gate_up, {}, {l.down_weight}, {})
                                   : ops::swiglu_linear(gate_up, {l.down_weight}));
   }

@@ -73,6 +73,60 @@ TEST(OpsGpu, RmsNormFusedMatchesTheCpuPath) {
   }
 }
 
+// The project's RMSNorm kernels (bf16) against fp64 autograd of the
+// definition on the same bf16 values: the output, the input gradient and
+// the weight gradient, at widths of a partial warp (896), of whole warps
+// (2048) and at the kernels' largest (4096), over 208 rows; then a width
+// they do not take (LibTorch's kernels then). Tolerance: each result is
+// computed in fp32 from exact bf16 inputs and rounded to bf16 once
+// (2^-9 relative at most); 5e-3 is twice that in norm.
+// The weight gradient, a two-stage sum in an order fixed by the shape, is
+// the same bits every run; added into a bound fp32 buffer, it is the bf16
+// result before its rounding (rounded, the same bits), and adds up over
+// micro-steps.
+TEST(OpsGpu, RmsNormKernelsMatchFp64) {
+  REQUIRE_CUDA();
+  torch::manual_seed(16);
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  const double eps = 1e-6;
+  for (const int64_t width : {896, 2048, 4096, 4104}) {
+    const torch::Tensor xs = (torch::randn({2, 104, width}) * 3).to(bf16), ws = (torch::randn({width}) + 1).to(bf16);
+    const torch::Tensor dy = torch::randn({2, 104, width}).to(bf16);
+    const torch::Tensor x64 = xs.to(torch::kCPU, torch::kFloat64).requires_grad_(true);
+    const torch::Tensor w64 = ws.to(torch::kCPU, torch::kFloat64).requires_grad_(true);
+    const torch::Tensor y64 = x64 / torch::sqrt(x64.pow(2).mean(-1, true) + eps) * w64;
+    y64.backward(dy.to(torch::kCPU, torch::kFloat64));
+    auto run = [&]() {
+      const torch::Tensor x = xs.clone().requires_grad_(true), w = ws.clone().requires_grad_(true);
+      const torch::Tensor y = ops::rms_norm(x, w, eps);
+      y.backward(dy);
+      return std::vector<torch::Tensor>{y, x.grad(), w.grad()};
+    };
+    const std::vector<torch::Tensor> first = run(), second = run();
+    const torch::Tensor expected[] = {y64, x64.grad(), w64.grad()};
+    const char* names[] = {"output", "input gradient", "weight gradient"};
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(first[i].scalar_type(), torch::kBFloat16) << names[i];
+      EXPECT_LT(relative_error(first[i], expected[i]), 5e-3) << names[i] << ", width " << width;
+      if (width <= 4096) {
+        EXPECT_TRUE(torch::equal(first[i], second[i])) << names[i] << " differs between runs, width " << width;
+      }
+    }
+    const torch::Tensor w = ws.clone().requires_grad_(true);
+    const torch::Tensor buffer = torch::zeros({width}, bf16.dtype(torch::kFloat32));
+    w.mutable_grad() = buffer;
+    ops::rms_norm(xs, w, eps).backward(dy);
+    EXPECT_EQ(w.grad().data_ptr(), buffer.data_ptr());
+    if (width <= 4096) {
+      EXPECT_TRUE(torch::equal(buffer.to(torch::kBFloat16), first[2])) << "bound buffer, width " << width;
+      const torch::Tensor once = buffer.clone();
+      ops::rms_norm(xs, w, eps).backward(dy);
+      EXPECT_TRUE(torch::equal(buffer, once * 2)) << "a second micro-step adds the same sum";
+    }
+    EXPECT_LT(relative_error(buffer.to(torch::kBFloat16), expected[2] * (width <= 4096 ? 2 : 1)), 5e-3);
+  }
+}
+
 TEST(OpsGpu, SplitQkvRotaryKernelMatchesTheCpuPath) {
   REQUIRE_CUDA();
   torch::manual_seed(1);
@@ -523,6 +577,40 @@ TEST(OpsGpu, SwiGluFp8TransposedCastIsLibTorchsCastOfItsOutput) {
   EXPECT_EQ(untouched.count_nonzero().item<int64_t>(), 0);
 }
 
+// The norm's output cast to E4M3 and written transposed by one kernel
+// (from the input and each row's reciprocal RMS, in norm_linear's FP8
+// backward) is LibTorch's own cast of the bf16 output rms_norm's kernel
+// writes, byte for byte; tiles cut at both edges as above. Shapes the
+// kernel does not take are refused with nothing written. The forward
+// offers its output's amax, exactly.
+TEST(OpsGpu, RmsNormFp8TransposedCastIsLibTorchsCastOfItsOutput) {
+  REQUIRE_CUDA();
+  const Fp8On on;
+  torch::manual_seed(17);
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  const int64_t rows = 208, width = 320;
+  const torch::Tensor x = torch::randn({rows, width}).to(bf16), w = (torch::randn({width}) * 0.5 + 1).to(bf16);
+  const torch::Tensor inverse_scale = torch::full({}, 0.125, bf16.dtype(torch::kFloat32));
+  torch::NoGradGuard no_grad;
+  const ops::RmsNormForward f = ops::rms_norm_forward(x, w, 1e-6);
+  const torch::Tensor amax = ops::take_fp8_amax(f.y);
+  ASSERT_TRUE(amax.defined()) << "the forward offers its output's amax";
+  EXPECT_EQ(amax.item<float>(), f.y.abs().max().to(torch::kFloat32).item<float>());
+  EXPECT_TRUE(torch::equal(f.y, ops::rms_norm(x, w, 1e-6)));
+  ASSERT_LT(f.y.abs().max().item<float>() * 8, 448.0f) << "the scaled values fit E4M3 without saturating";
+  const torch::Tensor expected = (f.y.to(torch::kFloat32) * 8).to(at::kFloat8_e4m3fn).t().contiguous();
+  const torch::Tensor out = ops::rms_norm_fp8_transposed(x, w, f.rstd, inverse_scale);
+  ASSERT_TRUE(out.defined());
+  EXPECT_TRUE(torch::equal(out.view(torch::kUInt8), expected.view(torch::kUInt8)));
+  EXPECT_GT(out.view(torch::kUInt8).count_nonzero().item<int64_t>(), rows * width / 2);
+  const torch::Tensor untouched = torch::zeros({width, rows - 4}, bf16.dtype(torch::kUInt8));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  EXPECT_FALSE(ops::kernels::rms_norm_fp8_transposed(x.data_ptr(), w.data_ptr(), f.rstd.data_ptr<float>(), rows - 4,
+                                                     width, inverse_scale.data_ptr<float>(), untouched.data_ptr(),
+                                                     stream));
+  EXPECT_EQ(untouched.count_nonzero().item<int64_t>(), 0);
+}
+
 // Without an input gradient, the FP8 backward casts dY only transposed
 // (for the weight gradient): the same scale and bytes, so the weight
 // gradient is bit for bit the one computed beside an input gradient.
@@ -580,6 +668,56 @@ TEST(OpsGpu, SwiGluLinearGivesTheBitsOfLinearOf) {
       if (fp8 && !bound) {
         const torch::Tensor h = ops::swiglu(gs).to(torch::kFloat64);
         const torch::Tensor dw = dy.to(torch::kFloat64).reshape({tokens, out}).t().mm(h.reshape({tokens, inter}));
+        EXPECT_GT(relative_error(fused[2], dw), 4e-3) << "no FP8 rounding in the weight gradient";
+      }
+    }
+  }
+  ops::set_fp8_linear(false);
+}
+
+// norm_linear is linear_of(rms_norm, ...) bit for bit: in FP8 (where its
+// backward casts the norm's output from x directly) and in bf16 (where it
+// recomputes the output with the forward's kernel), with the gradients
+// returned or added into bound fp32 buffers. There the norm's weight
+// gradient goes into its buffer in fp32 (linear_of's general path hands
+// autograd a bf16 one): rounded to bf16, the same bits.
+TEST(OpsGpu, NormLinearGivesTheBitsOfLinearOf) {
+  REQUIRE_CUDA();
+  ASSERT_TRUE(ops::fp8_linear_available());
+  torch::manual_seed(18);
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  const int64_t tokens = 208, in = 320, out = 256;
+  const double eps = 1e-6;
+  const torch::Tensor xs = torch::randn({2, tokens / 2, in}).to(bf16), ns = (torch::randn({in}) * 0.2 + 1).to(bf16),
+                      ws = (torch::randn({out, in}) * 0.05).to(bf16);
+  const torch::Tensor dy = torch::randn({2, tokens / 2, out}).to(bf16);
+  const ops::InputFunction norm = [eps](const torch::Tensor& s, const std::vector<torch::Tensor>& p) {
+    return ops::rms_norm(s, p[0], eps);
+  };
+  auto run = [&](bool fused, bool bound) {
+    const torch::Tensor x = xs.clone().requires_grad_(true), n = ns.clone().requires_grad_(true),
+                        w = ws.clone().requires_grad_(true);
+    if (bound) {
+      w.mutable_grad() = torch::zeros({out, in}, bf16.dtype(torch::kFloat32));
+      n.mutable_grad() = torch::zeros({in}, bf16.dtype(torch::kFloat32));
+    }
+    const torch::Tensor y = fused ? ops::norm_linear(x, n, eps, {w}) : ops::linear_of(norm, x, {n}, {w});
+    y.backward(dy);
+    return std::vector<torch::Tensor>{y, x.grad(), w.grad(), n.grad()};
+  };
+  const char* names[] = {"output", "input gradient", "weight gradient", "norm weight gradient"};
+  for (const bool fp8 : {true, false}) {
+    ops::set_fp8_linear(fp8);
+    for (const bool bound : {false, true}) {
+      const std::vector<torch::Tensor> general = run(false, bound), fused = run(true, bound);
+      for (size_t i = 0; i < general.size(); ++i) {
+        const torch::Tensor f = bound && i == 3 ? fused[i].to(torch::kBFloat16).to(torch::kFloat32) : fused[i];
+        EXPECT_TRUE(torch::equal(general[i], f))
+            << names[i] << (fp8 ? ", fp8" : ", bf16") << (bound ? ", bound buffer" : "");
+      }
+      if (fp8 && !bound) {
+        const torch::Tensor h = ops::rms_norm(xs, ns, eps).to(torch::kFloat64).reshape({tokens, in});
+        const torch::Tensor dw = dy.to(torch::kFloat64).reshape({tokens, out}).t().mm(h);
         EXPECT_GT(relative_error(fused[2], dw), 4e-3) << "no FP8 rounding in the weight gradient";
       }
     }

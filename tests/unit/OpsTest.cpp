@@ -208,6 +208,34 @@ TEST(Ops, SwiGluLinearIsLinearOfSwiGlu) {
             kFp64);
 }
 
+// norm_linear is linear_of(rms_norm, ...) on the CPU: the same values and
+// gradients (input, the norm's weight, stacked weights, biases), bit for
+// bit; and the value is RMSNorm then the product, to fp64 rounding.
+TEST(Ops, NormLinearIsLinearOfRmsNorm) {
+  torch::manual_seed(9);
+  const double eps = 1e-5;
+  const torch::Tensor x0 = torch::randn({2, 3, 8}, kF64), n0 = torch::randn({8}, kF64), w0 = torch::randn({5, 8}, kF64),
+                      w1 = torch::randn({2, 8}, kF64), b0 = torch::randn({5}, kF64), b1 = torch::randn({2}, kF64);
+  const ops::InputFunction norm = [eps](const torch::Tensor& s, const std::vector<torch::Tensor>& p) {
+    return ops::rms_norm(s, p[0], eps);
+  };
+  std::vector<torch::Tensor> results[2];
+  for (const bool fused : {false, true}) {
+    const torch::Tensor x = leaf(x0.clone()), n = leaf(n0.clone()), a = leaf(w0.clone()), b = leaf(w1.clone()),
+                        c = leaf(b0.clone()), d = leaf(b1.clone());
+    const torch::Tensor y =
+        fused ? ops::norm_linear(x, n, eps, {a, b}, {c, d}) : ops::linear_of(norm, x, {n}, {a, b}, {c, d});
+    y.backward(torch::cos(torch::arange(y.numel(), kF64)).view(y.sizes()));
+    results[fused] = {y.detach(), x.grad(), n.grad(), a.grad(), b.grad(), c.grad(), d.grad()};
+  }
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    ASSERT_TRUE(results[1][i].defined()) << i;
+    EXPECT_TRUE(torch::equal(results[0][i], results[1][i])) << i;
+  }
+  const torch::Tensor normed = x0 / torch::sqrt(x0.pow(2).mean(-1, true) + eps) * n0;
+  EXPECT_LT(relative_error(results[1][0], torch::linear(normed, torch::cat({w0, w1}), torch::cat({b0, b1}))), kFp64);
+}
+
 // Hugging Face's form: x * cos + rotate_half(x) * sin with tables of the full head width.
 torch::Tensor hf_rotary(const torch::Tensor& x /*[b, t, h, d]*/, double theta) {
   const int64_t t = x.size(1), d = x.size(3);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <torch/types.h>
+#include <torch/version.h>
 
 #ifdef TRAINER_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -11,6 +12,13 @@
 #endif
 
 #include "trainer/Errors.h"
+
+// LibTorch's scaled GEMM (at::_scaled_mm with one scale per tensor) and its
+// FP8 dtypes as the project calls them: LibTorch 2.9 and later, with the
+// project's kernels.
+#if defined(TRAINER_CUDA_KERNELS) && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9))
+#define TRAINER_FP8_LINEAR 1
+#endif
 
 namespace trainer::ops {
 
@@ -112,7 +120,50 @@ torch::Tensor take_fp8_amax(const torch::Tensor& t);
 /// `gate_up` for the output gradient `d_out`, as swiglu's backward computes
 /// it (offering its amax as that does).
 torch::Tensor swiglu_gradient(const torch::Tensor& gate_up, const torch::Tensor& d_out);
+
+/// Where the linear layers run in FP8 and the values are bf16, a device
+/// float for a kernel's amax of what it writes (offered to the FP8 cast
+/// that reads it next); else undefined.
+inline torch::Tensor fp8_amax_buffer(const torch::Tensor& like) {
+  if (!fp8_linear_enabled() || like.scalar_type() != torch::kBFloat16) return torch::Tensor();
+  return torch::empty({1}, like.options().dtype(torch::kFloat32));
+}
+
+/// Whether rms_norm runs the project's kernels for these operands: bf16 on
+/// CUDA, a width the kernels take (RmsNorm.cu).
+bool rms_norm_kernels_apply(const torch::Tensor& x, const torch::Tensor& weight);
+
+/// The norm's output and each row's reciprocal RMS (fp32), for backward.
+/// Where the linear layers run in FP8, the output's amax is offered.
+struct RmsNormForward {
+  torch::Tensor y, rstd;
+};
+RmsNormForward rms_norm_forward(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+/// The gradients of rms_norm_forward's output `dy` with respect to x and
+/// the weight. `weight` is the parameter itself: where its .grad is an fp32
+/// buffer a strategy bound (see fused_gradient_target), its gradient is
+/// added there in fp32 and returned undefined; else returned in bf16.
+struct RmsNormGrads {
+  torch::Tensor dx, dweight;
+};
+RmsNormGrads rms_norm_gradients(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& weight,
+                                const torch::Tensor& rstd);
+
+#ifdef TRAINER_FP8_LINEAR
+/// rms_norm_forward's output, computed again from x and `rstd`, cast to
+/// E4M3 with the scale 1 / inverse_scale, transposed ([width, rows]);
+/// undefined where the kernel does not take the shape.
+torch::Tensor rms_norm_fp8_transposed(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& rstd,
+                                      const torch::Tensor& inverse_scale);
 #endif
+#endif
+
+/// Where a GEMM (or a norm's kernel) may add the gradient of `weights`
+/// straight into their .grad: bf16 `dy` on CUDA, fusion on, every weight a
+/// leaf whose .grad is a contiguous fp32 buffer of its shape, the buffers
+/// back to back; the buffers as one view then, else undefined.
+torch::Tensor fused_gradient_target(const std::vector<torch::Tensor>& weights, const torch::Tensor& dy);
 
 /// fp64 stays fp64; everything narrower computes in fp32.
 inline torch::Dtype accumulate_dtype(const torch::Tensor& t) {

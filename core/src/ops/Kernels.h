@@ -1,4 +1,4 @@
-// Launchers of the project's own CUDA kernels (Rotary.cu, SwiGlu.cu, CrossEntropy.cu, AdamW.cu,
+// Launchers of the project's own CUDA kernels (Rotary.cu, SwiGlu.cu, RmsNorm.cu, CrossEntropy.cu, AdamW.cu,
 // FixedPoint.cu, StochasticRound.cu, Fp8.cu, Fp8Gemm.cu). Plain
 // pointers and a stream: the kernels see no LibTorch header, so nvcc never
 // compiles LibTorch's headers. Built only where CUDA parts are on.
@@ -45,6 +45,36 @@ void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* 
 /// rows and width are multiples of 8, gate_up is 16-byte and out_t 8-byte aligned.
 bool swiglu_fp8_transposed(const void* gate_up, int64_t rows, int64_t width, const float* inverse_scale, void* out_t,
                            cudaStream_t stream);
+
+/// Whether the RMSNorm kernels take rows of `width`: a multiple of 8, at most 4096.
+bool rms_norm_fits(int64_t width);
+
+/// RMSNorm of bf16 rows `x` ([rows, width]) with the bf16 weight `gamma`:
+/// y = x r gamma rounded once to bf16, r = 1 / sqrt(mean(x^2) + eps) in
+/// fp32, written to rstd[row] when `rstd` is not null. `amax` as
+/// swiglu_forward's, over y. False, launching nothing, unless rms_norm_fits
+/// and x, gamma and y are 16-byte aligned.
+bool rms_norm_forward(const void* x, const void* gamma, int64_t rows, int64_t width, float eps, void* y, float* rstd,
+                      float* amax, cudaStream_t stream);
+
+/// The fp32 scratch rms_norm_backward needs, in floats.
+int64_t rms_norm_backward_scratch(int64_t rows, int64_t width);
+
+/// The gradients of rms_norm_forward for the output gradient `dy` (bf16
+/// [rows, width]) from its input, weight and `rstd`: dx (bf16) and the
+/// weight's, a sum over rows in an order fixed by the shape (the same bits
+/// every run), added in fp32 into `into` when not null, else written in
+/// bf16 to `d_gamma`. `scratch`: rms_norm_backward_scratch floats, 16-byte
+/// aligned. False, launching nothing, on rms_norm_forward's conditions.
+bool rms_norm_backward(const void* dy, const void* x, const void* gamma, const float* rstd, int64_t rows, int64_t width,
+                       void* dx, float* scratch, float* into, void* d_gamma, cudaStream_t stream);
+
+/// rms_norm_forward's output of `x`, `gamma` and `rstd` (its own), cast to
+/// E4M3 with the scale 1 / *inverse_scale and written transposed into out_t
+/// ([width, rows]): the bytes fp8_quantize_transposed would write from that
+/// output, without it. False, launching nothing, on swiglu_fp8_transposed's conditions.
+bool rms_norm_fp8_transposed(const void* x, const void* gamma, const float* rstd, int64_t rows, int64_t width,
+                             const float* inverse_scale, void* out_t, cudaStream_t stream);
 
 /// Per row of fp32 `logits` ([rows, vocab], contiguous) with target `targets[row]`:
 /// loss[row] = logsumexp - logit of the target (NaN for a target outside [0, vocab)), and,

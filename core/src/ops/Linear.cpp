@@ -12,15 +12,10 @@
 #include <torch/version.h>
 
 #include "Dispatch.h"
+#include "trainer/ops/RmsNorm.h"
 #include "trainer/ops/SwiGlu.h"
 
 namespace trainer::ops {
-
-// LibTorch's scaled GEMM (at::_scaled_mm with one scale per tensor) as the
-// project calls it: LibTorch 2.9 and later, with the project's kernels.
-#if defined(TRAINER_CUDA_KERNELS) && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9))
-#define TRAINER_FP8_LINEAR 1
-#endif
 
 namespace {
 std::atomic<bool> g_gradient_fusion{true};
@@ -94,6 +89,8 @@ torch::Tensor stacked(const std::vector<torch::Tensor>& parts) {
   return view.defined() ? view : torch::cat(parts, 0);
 }
 
+}  // namespace
+
 // Where the weight-gradient GEMM can add into the weights' gradients itself
 // (as Megatron's gradient-accumulation fusion does): bf16 operands on CUDA,
 // every weight's .grad bound to an fp32 buffer of its shape (the strategies
@@ -120,6 +117,8 @@ torch::Tensor fused_gradient_target(const std::vector<torch::Tensor>& weights, c
   return torch::Tensor();
 #endif
 }
+
+namespace {
 
 // FP8 (fp8_linear_enabled): a tensor in E4M3 or E5M2 and the inverse of
 // its scale (x = data * inverse_scale up to the cast's rounding), a device
@@ -378,26 +377,37 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
   }
 };
 
+// What linear_of knows of its f beyond the function: nothing (general),
+// that it is swiglu (swiglu_linear), or that it is rms_norm with `weight`
+// (f's one parameter) and `eps` (norm_linear), whose forward ran the
+// project's kernels where `rstd` (each row's reciprocal RMS) is defined.
+struct KnownInput {
+  enum class Kind { general, swiglu, rms_norm } kind = Kind::general;
+  torch::Tensor weight, rstd;
+  double eps = 0.0;
+};
+
 // Inputs, in edge order: s, each of f's parameters, each weight, each bias.
-// `swiglu`: f is swiglu (and has no parameters), see swiglu_fp8_backward.
+// `known`: see swiglu_fp8_backward and norm_backward.
 class LinearOfBackward final : public torch::autograd::Node {
  public:
   LinearOfBackward(InputFunction f, const torch::Tensor& s, const std::vector<torch::Tensor>& f_params, torch::Tensor w,
-                   std::vector<torch::Tensor> weights, bool with_bias, Fp8Scales scales, bool swiglu)
+                   std::vector<torch::Tensor> weights, bool with_bias, Fp8Scales scales, KnownInput known)
       : f_(std::move(f)),
         s_(s, /*is_output=*/false),
         w_(std::move(w)),
         scales_(std::move(scales)),
         weights_(std::move(weights)),
         with_bias_(with_bias),
-        swiglu_(swiglu) {
+        known_(std::move(known)) {
     for (const torch::Tensor& p : f_params) params_.emplace_back(p, /*is_output=*/false);
   }
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     const torch::Tensor s_saved = s_.unpack();
     torch::autograd::variable_list fused;
-    if (swiglu_ && swiglu_fp8_backward(s_saved, grads[0], &fused)) return fused;
+    if (known_.kind == KnownInput::Kind::swiglu && swiglu_fp8_backward(s_saved, grads[0], &fused)) return fused;
+    if (known_.kind == KnownInput::Kind::rms_norm && known_.rstd.defined()) return norm_backward(s_saved, grads[0]);
     const torch::Tensor s = s_saved.detach().requires_grad_(s_saved.requires_grad());
     std::vector<torch::Tensor> params;
     for (torch::autograd::SavedVariable& p : params_) params.push_back(p.unpack().detach().requires_grad_(true));
@@ -461,12 +471,43 @@ class LinearOfBackward final : public torch::autograd::Node {
 #endif
   }
 
+  // The backward where f is rms_norm and its forward ran the project's
+  // kernels: f's output is never kept, and is computed again only where the
+  // product runs in bf16 (from the saved reciprocal RMS in FP8: the weight
+  // gradient's transposed E4M3 operand straight from s). The norm's weight
+  // gradient goes into its bound fp32 buffer, as the weights' do. The same
+  // kernels and bits as the general path (OpsGpu.NormLinearGivesTheBitsOfLinearOf).
+  torch::autograd::variable_list norm_backward(const torch::Tensor& s_saved, const torch::Tensor& dy) {
+    torch::autograd::variable_list out;
+#ifdef TRAINER_CUDA_KERNELS
+    const torch::Tensor s = s_saved.detach();
+    torch::Tensor h, x_t;
+#ifdef TRAINER_FP8_LINEAR
+    if (fp8_backward_applies(dy.reshape({-1, w_.size(0)}), w_, scales_)) {
+      x_t = rms_norm_fp8_transposed(s, known_.weight, known_.rstd, scales_.x);
+    }
+#endif
+    if (!x_t.defined()) h = rms_norm_forward(s, known_.weight, known_.eps).y;
+    LinearGrads g = linear_backward(dy, h, w_, weights_, with_bias_, /*need_dx=*/true, scales_, x_t);
+    h = torch::Tensor();
+    const RmsNormGrads n = rms_norm_gradients(g.dx, s, known_.weight, known_.rstd);
+    out.push_back(s_saved.requires_grad() ? n.dx.view(s.sizes()) : torch::Tensor());
+    out.push_back(n.dweight);
+    out.insert(out.end(), g.weights.begin(), g.weights.end());
+    out.insert(out.end(), g.biases.begin(), g.biases.end());
+#else
+    (void)s_saved, (void)dy;
+#endif
+    return out;
+  }
+
   void release_variables() override {
     s_.reset_data();
     for (torch::autograd::SavedVariable& p : params_) p.reset_data();
     w_ = torch::Tensor();
     scales_ = Fp8Scales{};
     weights_.clear();
+    known_ = KnownInput{};
   }
 
  private:
@@ -477,13 +518,13 @@ class LinearOfBackward final : public torch::autograd::Node {
   Fp8Scales scales_;                    // the forward's FP8 scales (f's output's and W's), or undefined
   std::vector<torch::Tensor> weights_;  // the parameters themselves, for their .grad
   bool with_bias_;
-  bool swiglu_;
+  KnownInput known_;
 };
 
-// linear_of, and swiglu_linear with `swiglu`.
+// linear_of, swiglu_linear and norm_linear (`known`).
 torch::Tensor linear_of_input(InputFunction f, const torch::Tensor& s, const std::vector<torch::Tensor>& f_params,
                               const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases,
-                              bool swiglu) {
+                              KnownInput known) {
   TORCH_CHECK(!weights.empty(), "linear_of: no weights");
   TORCH_CHECK(biases.empty() || biases.size() == weights.size(), "linear_of: give no bias or one per weight");
   std::vector<torch::Tensor> inputs{s};
@@ -498,10 +539,19 @@ torch::Tensor linear_of_input(InputFunction f, const torch::Tensor& s, const std
   Fp8Scales scales;
   {
     torch::NoGradGuard no_grad;  // f's output is not kept
-    y = product(f(s, f_params), w, biases.empty() ? torch::Tensor() : stacked(biases), &scales);
+    torch::Tensor h;
+#ifdef TRAINER_CUDA_KERNELS
+    if (known.kind == KnownInput::Kind::rms_norm && rms_norm_kernels_apply(s, known.weight)) {
+      RmsNormForward n = rms_norm_forward(s, known.weight, known.eps);
+      h = std::move(n.y);
+      known.rstd = std::move(n.rstd);
+    }
+#endif
+    if (!h.defined()) h = f(s, f_params);
+    y = product(h, w, biases.empty() ? torch::Tensor() : stacked(biases), &scales);
   }
   auto node = std::make_shared<LinearOfBackward>(std::move(f), s, f_params, w, weights, !biases.empty(),
-                                                 std::move(scales), swiglu);
+                                                 std::move(scales), std::move(known));
   for (const torch::Tensor& t : inputs) node->add_next_edge(torch::autograd::impl::gradient_edge(t));
   torch::autograd::set_history(y, node);
   return y;
@@ -530,13 +580,22 @@ namespace trainer::ops {
 
 torch::Tensor linear_of(InputFunction f, const torch::Tensor& s, const std::vector<torch::Tensor>& f_params,
                         const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases) {
-  return linear_of_input(std::move(f), s, f_params, weights, biases, /*swiglu=*/false);
+  return linear_of_input(std::move(f), s, f_params, weights, biases, KnownInput{});
 }
 
 torch::Tensor swiglu_linear(const torch::Tensor& gate_up, const std::vector<torch::Tensor>& weights,
                             const std::vector<torch::Tensor>& biases) {
   static const InputFunction f = [](const torch::Tensor& s, const std::vector<torch::Tensor>&) { return swiglu(s); };
-  return linear_of_input(f, gate_up, {}, weights, biases, /*swiglu=*/true);
+  return linear_of_input(f, gate_up, {}, weights, biases, KnownInput{KnownInput::Kind::swiglu, {}, {}, 0.0});
+}
+
+torch::Tensor norm_linear(const torch::Tensor& x, const torch::Tensor& norm_weight, double eps,
+                          const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases) {
+  const InputFunction f = [eps](const torch::Tensor& s, const std::vector<torch::Tensor>& p) {
+    return rms_norm(s, p[0], eps);
+  };
+  return linear_of_input(f, x, {norm_weight}, weights, biases,
+                         KnownInput{KnownInput::Kind::rms_norm, norm_weight, {}, eps});
 }
 
 }  // namespace trainer::ops

@@ -14,14 +14,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Where the linear layers run in FP8 and the values are bf16, a device
-// float for the kernel's amax of what it writes (offered to the FP8 cast
-// that reads it next); else undefined.
-torch::Tensor fp8_amax_buffer(const torch::Tensor& like) {
-  if (!fp8_linear_enabled() || like.scalar_type() != torch::kBFloat16) return torch::Tensor();
-  return torch::empty({1}, like.options().dtype(torch::kFloat32));
-}
-
 struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate_up_in) {
     const torch::Tensor gate_up = gate_up_in.contiguous();

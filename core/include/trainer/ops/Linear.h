@@ -40,4 +40,14 @@ torch::Tensor linear_of(InputFunction f, const torch::Tensor& s, const std::vect
 torch::Tensor swiglu_linear(const torch::Tensor& gate_up, const std::vector<torch::Tensor>& weights,
                             const std::vector<torch::Tensor>& biases = {});
 
+/// linear_of(rms_norm with `norm_weight` and `eps`, x, {norm_weight},
+/// weights, biases): RMSNorm in front of a linear layer, its output
+/// recomputed in backward; the same values and gradients, bit for bit. On
+/// CUDA in bf16 backward keeps each row's reciprocal RMS from the forward
+/// (4 bytes a row), and where the layer runs in FP8 it never writes the
+/// norm's output in bf16: one kernel reads x and writes the weight
+/// gradient's transposed FP8 operand.
+torch::Tensor norm_linear(const torch::Tensor& x, const torch::Tensor& norm_weight, double eps,
+                          const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases = {});
+
 }  // namespace trainer::ops
