@@ -3,7 +3,8 @@
 // FP8 cast), the backward (the input gradient, and the weight gradient as a
 // deterministic two-stage column sum, added in fp32 into a bound buffer),
 // and the norm's output cast to transposed E4M3 straight from the input.
-// One thread holds one 8-column chunk of a row: widths up to 8 x 512.
+// Rows up to 8 x 512 wide (the backward's block has a thread per 8-column
+// chunk; the forward's warp holds up to 16 chunks a lane).
 #include <algorithm>
 #include <cstdint>
 
@@ -29,58 +30,84 @@ bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t
 // once. The FP8 cast computes it again with this same function.
 __device__ inline __nv_bfloat16 rms_norm_value(float x, float r, float g) { return __float2bfloat16(x * r * g); }
 
-// The sum of every thread's `v` over the block, in a fixed order (the same
-// bits every run: lane 0's shuffle sum of each warp, then the warps in
-// order); every thread gets it. At most kMaxThreads threads, whole warps.
-__device__ inline float block_sum(float v) {
-  __shared__ float partial[kMaxThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
-  __syncthreads();
-  float total = 0.0f;
-  for (unsigned w = 0; w < blockDim.x / 32; ++w) total += partial[w];
-  __syncthreads();  // `partial` is written again by the next call
-  return total;
-}
+// A warp a row, kRowsPerBlock rows a block: lane l holds chunks l, l + 32,
+// ... (C of them) of its row; the sum of squares is the lane's own, then
+// the warp's butterfly (every lane gets the same bits).
+constexpr int kRowsPerBlock = 4;
 
-__global__ void __launch_bounds__(kMaxThreads)
-    rms_norm_forward_kernel(const __nv_bfloat16* x, const __nv_bfloat16* gamma, int64_t width, float eps,
+template <int C>
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    rms_norm_forward_kernel(const __nv_bfloat16* x, const __nv_bfloat16* gamma, int64_t rows, int64_t width, float eps,
                             __nv_bfloat16* y, float* rstd, unsigned* amax_bits) {
-  const int64_t row = blockIdx.x;
-  const int64_t i = threadIdx.x;  // this thread's chunk
-  const bool mine = i < width / 8;
-  Bf16x8 chunk;
-  float v[8] = {};
-  if (mine) {
-    chunk = reinterpret_cast<const Bf16x8*>(x + row * width)[i];
-    unpack(chunk, v);
-  }
-  float squares = 0.0f;
-  for (int k = 0; k < 8; ++k) squares += v[k] * v[k];
-  const float r = rsqrtf(block_sum(squares) / float(width) + eps);
-  if (rstd != nullptr && threadIdx.x == 0) rstd[row] = r;
+  const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, vectors = static_cast<int>(width / 8);
   float largest = 0.0f;
   bool nan = false;
-  if (mine) {
-    float g[8];
-    unpack(reinterpret_cast<const Bf16x8*>(gamma)[i], g);
-    Bf16x8 out;
-    for (int p = 0; p < 4; ++p) {
-      out.v[p] =
-          __halves2bfloat162(rms_norm_value(v[2 * p], r, g[2 * p]), rms_norm_value(v[2 * p + 1], r, g[2 * p + 1]));
-      const float2 stored = __bfloat1622float2(out.v[p]);
-      track(stored.x, largest, nan);
-      track(stored.y, largest, nan);
+  if (row < rows) {
+    const Bf16x8* in = reinterpret_cast<const Bf16x8*>(x + row * width);
+    Bf16x8 chunk[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      if (lane + 32 * c < vectors) chunk[c] = in[lane + 32 * c];
     }
-    reinterpret_cast<Bf16x8*>(y + row * width)[i] = out;
+    float squares = 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      if (lane + 32 * c >= vectors) continue;
+      float v[8];
+      unpack(chunk[c], v);
+      for (int k = 0; k < 8; ++k) squares += v[k] * v[k];
+    }
+    for (int offset = 16; offset > 0; offset /= 2) squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+    const float r = rsqrtf(squares / float(width) + eps);
+    if (rstd != nullptr && lane == 0) rstd[row] = r;
+    Bf16x8* out = reinterpret_cast<Bf16x8*>(y + row * width);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int i = lane + 32 * c;
+      if (i >= vectors) continue;
+      float v[8], g[8];
+      unpack(chunk[c], v);
+      unpack(reinterpret_cast<const Bf16x8*>(gamma)[i], g);
+      Bf16x8 o;
+      for (int p = 0; p < 4; ++p) {
+        o.v[p] =
+            __halves2bfloat162(rms_norm_value(v[2 * p], r, g[2 * p]), rms_norm_value(v[2 * p + 1], r, g[2 * p + 1]));
+        const float2 stored = __bfloat1622float2(o.v[p]);
+        track(stored.x, largest, nan);
+        track(stored.y, largest, nan);
+      }
+      out[i] = o;
+    }
   }
   if (amax_bits != nullptr) block_amax(largest, nan, amax_bits);
 }
 
-// Rows [blockIdx.x rows_per_block, + rows_per_block) of the backward:
+// The sums over the block of each thread's v[0 .. R-1] in a fixed order
+// (the same bits every run: lane 0's butterfly sum of each warp, then the
+// warps in order); every thread gets them. Whole warps, at most kMaxThreads.
+template <int R>
+__device__ inline void block_sums(float (&v)[R]) {
+  __shared__ float partial[R][kMaxThreads / 32];
+  for (int j = 0; j < R; ++j) {
+    for (int offset = 16; offset > 0; offset /= 2) v[j] += __shfl_xor_sync(0xffffffffu, v[j], offset);
+    if (threadIdx.x % 32 == 0) partial[j][threadIdx.x / 32] = v[j];
+  }
+  __syncthreads();
+  for (int j = 0; j < R; ++j) {
+    float total = 0.0f;
+    for (unsigned w = 0; w < blockDim.x / 32; ++w) total += partial[j][w];
+    v[j] = total;
+  }
+  __syncthreads();  // `partial` is written again by the next call
+}
+
+// Rows [blockIdx.x rows_per_block, + rows_per_block) of the backward, R at
+// a time (their loads in flight together, one reduction for all R):
 // dx = r (dy g - x^ mean(dy g x^)) with x^ = x r, and this block's partial
-// weight gradient sum(dy x^) over its rows into partial[blockIdx.x]. The
-// next row's chunks are loaded while the current row is reduced.
+// weight gradient sum(dy x^) over its rows, in row order, into
+// partial[blockIdx.x]. One thread per 8-column chunk.
+template <int R>
 __global__ void __launch_bounds__(kMaxThreads)
     rms_norm_backward_kernel(const __nv_bfloat16* dy, const __nv_bfloat16* x, const __nv_bfloat16* gamma,
                              const float* rstd, int64_t rows, int64_t width, int64_t rows_per_block, __nv_bfloat16* dx,
@@ -93,41 +120,45 @@ __global__ void __launch_bounds__(kMaxThreads)
   const Bf16x8* dy8 = reinterpret_cast<const Bf16x8*>(dy);
   float g[8] = {}, dg[8] = {};
   if (mine) unpack(reinterpret_cast<const Bf16x8*>(gamma)[i], g);
-  Bf16x8 x_now{}, dy_now{};
-  if (mine && first < end) {
-    x_now = x8[first * vectors + i];
-    dy_now = dy8[first * vectors + i];
-  }
-  for (int64_t row = first; row < end; ++row) {
-    Bf16x8 x_next{}, dy_next{};
-    if (mine && row + 1 < end) {
-      x_next = x8[(row + 1) * vectors + i];
-      dy_next = dy8[(row + 1) * vectors + i];
+  for (int64_t row = first; row < end; row += R) {
+    Bf16x8 xc[R], dc[R];
+    float r[R], dot[R];
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      xc[j] = Bf16x8{};
+      dc[j] = Bf16x8{};
+      if (mine && row + j < end) {
+        xc[j] = x8[(row + j) * vectors + i];
+        dc[j] = dy8[(row + j) * vectors + i];
+      }
+      r[j] = row + j < end ? rstd[row + j] : 0.0f;
     }
-    const float r = rstd[row];
-    float xs[8] = {}, ds[8] = {}, xh[8], dh[8];
-    if (mine) {
-      unpack(x_now, xs);
-      unpack(dy_now, ds);
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      float xs[8], ds[8];
+      unpack(xc[j], xs);
+      unpack(dc[j], ds);
+      dot[j] = 0.0f;
+      for (int k = 0; k < 8; ++k) dot[j] += (ds[k] * g[k]) * (xs[k] * r[j]);
     }
-    float dot = 0.0f;
-    for (int k = 0; k < 8; ++k) {
-      xh[k] = xs[k] * r;
-      dh[k] = ds[k] * g[k];
-      dot += dh[k] * xh[k];
-    }
-    const float mean = block_sum(dot) / float(width);
-    if (mine) {
+    block_sums<R>(dot);
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      if (!mine || row + j >= end) continue;
+      const float mean = dot[j] / float(width);
+      float xs[8], ds[8];
+      unpack(xc[j], xs);
+      unpack(dc[j], ds);
       Bf16x8 out;
       for (int p = 0; p < 4; ++p) {
-        out.v[p] =
-            __floats2bfloat162_rn(r * (dh[2 * p] - xh[2 * p] * mean), r * (dh[2 * p + 1] - xh[2 * p + 1] * mean));
+        const float xh0 = xs[2 * p] * r[j], xh1 = xs[2 * p + 1] * r[j];
+        out.v[p] = __floats2bfloat162_rn(r[j] * (ds[2 * p] * g[2 * p] - xh0 * mean),
+                                         r[j] * (ds[2 * p + 1] * g[2 * p + 1] - xh1 * mean));
+        dg[2 * p] += ds[2 * p] * xh0;
+        dg[2 * p + 1] += ds[2 * p + 1] * xh1;
       }
-      reinterpret_cast<Bf16x8*>(dx)[row * vectors + i] = out;
-      for (int k = 0; k < 8; ++k) dg[k] += ds[k] * xh[k];
+      reinterpret_cast<Bf16x8*>(dx)[(row + j) * vectors + i] = out;
     }
-    x_now = x_next;
-    dy_now = dy_next;
   }
   if (mine) {
     float4* p = reinterpret_cast<float4*>(partial + blockIdx.x * width + 8 * i);
@@ -209,9 +240,23 @@ bool rms_norm_forward(const void* x, const void* gamma, int64_t rows, int64_t wi
   unsigned* amax_bits = reinterpret_cast<unsigned*>(amax);
   if (amax_bits != nullptr) cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream);
   if (rows == 0) return true;
-  rms_norm_forward_kernel<<<static_cast<unsigned>(rows), threads_for(width), 0, stream>>>(
-      static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(gamma), width, eps,
-      static_cast<__nv_bfloat16*>(y), rstd, amax_bits);
+  const int64_t chunks = (width / 8 + 31) / 32;  // a lane's
+  const auto launch = [&](auto kernel) {
+    kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(gamma), rows, width, eps,
+        static_cast<__nv_bfloat16*>(y), rstd, amax_bits);
+  };
+  if (chunks <= 1) {
+    launch(rms_norm_forward_kernel<1>);
+  } else if (chunks <= 2) {
+    launch(rms_norm_forward_kernel<2>);
+  } else if (chunks <= 4) {
+    launch(rms_norm_forward_kernel<4>);
+  } else if (chunks <= 8) {
+    launch(rms_norm_forward_kernel<8>);
+  } else {
+    launch(rms_norm_forward_kernel<16>);
+  }
   return true;
 }
 
@@ -227,9 +272,19 @@ bool rms_norm_backward(const void* dy, const void* x, const void* gamma, const f
   }
   const int64_t per_block = (rows + kBackwardBlocks - 1) / kBackwardBlocks;
   const int64_t blocks = (rows + per_block - 1) / per_block;
-  rms_norm_backward_kernel<<<static_cast<unsigned>(blocks), threads_for(width), 0, stream>>>(
-      static_cast<const __nv_bfloat16*>(dy), static_cast<const __nv_bfloat16*>(x),
-      static_cast<const __nv_bfloat16*>(gamma), rstd, rows, width, per_block, static_cast<__nv_bfloat16*>(dx), scratch);
+  // Four rows at a time where a row is at most 1024 wide (few threads a
+  // block), else two: the faster of the two at 896 and 2048 on an H200.
+  const auto launch = [&](auto kernel) {
+    kernel<<<static_cast<unsigned>(blocks), threads_for(width), 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(dy), static_cast<const __nv_bfloat16*>(x),
+        static_cast<const __nv_bfloat16*>(gamma), rstd, rows, width, per_block, static_cast<__nv_bfloat16*>(dx),
+        scratch);
+  };
+  if (width <= 1024) {
+    launch(rms_norm_backward_kernel<4>);
+  } else {
+    launch(rms_norm_backward_kernel<2>);
+  }
   rms_norm_weight_gradient_kernel<<<static_cast<unsigned>((width + 31) / 32), dim3(32, 8), 0, stream>>>(
       scratch, blocks, width, into, static_cast<__nv_bfloat16*>(d_gamma));
   return true;
