@@ -124,9 +124,7 @@ bool fp8_quantize_transposed(const void* x, int64_t rows, int64_t cols, bool e5m
   const int64_t tiles_y = (rows + 31) / 32, tiles_x = (cols + 31) / 32;
   if (tiles_y > 65535 || tiles_x > (int64_t(1) << 31) - 1) return false;
   if (rows == 0 || cols == 0) return true;
-  const bool vector = rows % 8 == 0 && cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(out_t) % 8 == 0 &&
-                      (out_rows == nullptr || reinterpret_cast<uintptr_t>(out_rows) % 8 == 0);
+  const bool vector = transposed_tile_fits(rows, cols, x, out_t) && (out_rows == nullptr || aligned(out_rows, 8));
   if (vector) {
     quantize_transposed_vector_kernel<<<transposed_tile_grid(rows, cols), kTileThreads, 0, stream>>>(
         static_cast<const __nv_bfloat16*>(x), rows, cols, e5m2, reinterpret_cast<const unsigned*>(amax), inverse_scale,
@@ -140,7 +138,7 @@ bool fp8_quantize_transposed(const void* x, int64_t rows, int64_t cols, bool e5m
 }
 
 void fp8_amax(const void* x, int64_t n, float* amax, cudaStream_t stream) {
-  const bool vector = n % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const bool vector = n % 8 == 0 && aligned(x, 16);
   unsigned* amax_bits = reinterpret_cast<unsigned*>(amax);
   cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream);
   if (n > 0) {
@@ -154,8 +152,7 @@ void fp8_amax(const void* x, int64_t n, float* amax, cudaStream_t stream) {
 void fp8_quantize(const void* x, int64_t n, bool e5m2, void* out, float* amax, bool amax_known, float* inverse_scale,
                   cudaStream_t stream) {
   const auto* in = static_cast<const __nv_bfloat16*>(x);
-  const bool vector =
-      n % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  const bool vector = n % 8 == 0 && aligned(x, 16) && aligned(out, 8);
   if (!amax_known) fp8_amax(x, n, amax, stream);
   quantize_kernel<<<blocks_for(vector ? n / 8 : n, kThreads), kThreads, 0, stream>>>(
       in, n, vector, e5m2, reinterpret_cast<const unsigned*>(amax), out, inverse_scale);

@@ -86,6 +86,15 @@ inline dim3 transposed_tile_grid(int64_t rows, int64_t cols) {
   return dim3(unsigned((cols + kTileCols - 1) / kTileCols), unsigned((rows + kTileRows - 1) / kTileRows));
 }
 
+// Whether cast_tile_transposed takes a [rows, cols] input at `input` (read
+// 16 bytes at a time) written transposed to `out_t` (8 bytes at a time):
+// rows and cols multiples of 8, the pointers so aligned, the grid in range.
+inline bool transposed_tile_fits(int64_t rows, int64_t cols, const void* input, const void* out_t) {
+  return rows % 8 == 0 && cols % 8 == 0 && reinterpret_cast<uintptr_t>(input) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(out_t) % 8 == 0 && (rows + kTileRows - 1) / kTileRows <= 65535 &&
+         (cols + kTileCols - 1) / kTileCols <= (int64_t(1) << 31) - 1;
+}
+
 template <typename Loader>
 __device__ inline void cast_tile_transposed(const Loader& loader, int64_t rows, int64_t cols, float scale,
                                             __nv_fp8_interpretation_t format, uint8_t* out_t, uint8_t* out_rows) {

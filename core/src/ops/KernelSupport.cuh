@@ -2,6 +2,7 @@
 // each computes in, loads and stores, and the launch shape.
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 
 #include <cuda_bf16.h>
@@ -25,6 +26,9 @@ __device__ inline double load(const double* p) { return *p; }
 __device__ inline void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
 __device__ inline void store(float* p, float v) { *p = v; }
 __device__ inline void store(double* p, double v) { *p = v; }
+
+// Whether `p` lies on a multiple of `bytes` (what a vector load or store needs).
+inline bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // Grid-stride launches: enough blocks to fill the GPU several times over.
 inline unsigned blocks_for(int64_t items, unsigned threads) {

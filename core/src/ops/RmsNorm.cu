@@ -24,8 +24,6 @@ constexpr int64_t kBackwardBlocks = 512;
 // A block for a row of `width`: one thread per 8-column chunk, whole warps.
 unsigned threads_for(int64_t width) { return static_cast<unsigned>((width / 8 + 31) / 32 * 32); }
 
-bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 // The norm's value as the forward stores it: x r g in fp32, rounded to bf16
 // once. The FP8 cast computes it again with this same function.
 __device__ inline __nv_bfloat16 rms_norm_value(float x, float r, float g) { return __float2bfloat16(x * r * g); }
@@ -292,10 +290,7 @@ bool rms_norm_backward(const void* dy, const void* x, const void* gamma, const f
 
 bool rms_norm_fp8_transposed(const void* x, const void* gamma, const float* rstd, int64_t rows, int64_t width,
                              const float* inverse_scale, void* out_t, cudaStream_t stream) {
-  const bool fits = rows % 8 == 0 && width % 8 == 0 && aligned(x, 16) && aligned(gamma, 16) && aligned(out_t, 8) &&
-                    (rows + kTileRows - 1) / kTileRows <= 65535 &&
-                    (width + kTileCols - 1) / kTileCols <= (int64_t(1) << 31) - 1;
-  if (!fits) return false;
+  if (!transposed_tile_fits(rows, width, x, out_t) || !aligned(gamma, 16)) return false;
   if (rows == 0 || width == 0) return true;
   rms_norm_fp8_transposed_kernel<<<transposed_tile_grid(rows, width), kTileThreads, 0, stream>>>(
       static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(gamma), rstd, rows, width, inverse_scale,

@@ -128,8 +128,6 @@ __global__ void __launch_bounds__(kTileThreads)
 
 constexpr unsigned kThreads = 128;
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // x: enough blocks of kThreads for a row's packs; y: one block row per row
 // up to the grid's limit (the kernels walk the rest). With an amax, about
 // kAmaxBlocks blocks in all: each block ends in a reduction and a read of
@@ -153,7 +151,7 @@ void swiglu_forward(Dtype dtype, const void* gate_up, void* out, int64_t rows, i
     constexpr int N = 16 / sizeof(T);
     const auto* in = static_cast<const T*>(gate_up);
     auto* y = static_cast<T*>(out);
-    if (width % N == 0 && aligned16(in) && aligned16(y)) {
+    if (width % N == 0 && aligned(in, 16) && aligned(y, 16)) {
       swiglu_forward_kernel<T, N>
           <<<grid_for(rows, width / N, amax_bits != nullptr), kThreads, 0, stream>>>(in, y, rows, width, amax_bits);
     } else {
@@ -173,7 +171,7 @@ void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* 
     const auto* in = static_cast<const T*>(gate_up);
     const auto* dy = static_cast<const T*>(d_out);
     auto* d_in = static_cast<T*>(d_gate_up);
-    if (width % N == 0 && aligned16(in) && aligned16(dy) && aligned16(d_in)) {
+    if (width % N == 0 && aligned(in, 16) && aligned(dy, 16) && aligned(d_in, 16)) {
       swiglu_backward_kernel<T, N><<<grid_for(rows, width / N, amax_bits != nullptr), kThreads, 0, stream>>>(
           in, dy, d_in, rows, width, amax_bits);
     } else {
@@ -185,10 +183,7 @@ void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* 
 
 bool swiglu_fp8_transposed(const void* gate_up, int64_t rows, int64_t width, const float* inverse_scale, void* out_t,
                            cudaStream_t stream) {
-  const bool fits = rows % 8 == 0 && width % 8 == 0 && aligned16(gate_up) &&
-                    reinterpret_cast<uintptr_t>(out_t) % 8 == 0 && (rows + kTileRows - 1) / kTileRows <= 65535 &&
-                    (width + kTileCols - 1) / kTileCols <= (int64_t(1) << 31) - 1;
-  if (!fits) return false;
+  if (!transposed_tile_fits(rows, width, gate_up, out_t)) return false;
   if (rows == 0 || width == 0) return true;
   swiglu_fp8_transposed_kernel<<<transposed_tile_grid(rows, width), kTileThreads, 0, stream>>>(
       static_cast<const __nv_bfloat16*>(gate_up), rows, width, inverse_scale, static_cast<uint8_t*>(out_t));
