@@ -1,4 +1,4 @@
-// The ops' CUDA paths (the project's kernels, LibTorch's fused RMSNorm and
+// The ops' CUDA paths (the project's kernels, LibTorch's fused RMSNorm for fp32 and
 // AdamW) held to their CPU paths on the same inputs, values and gradients.
 #include <cmath>
 #include <iterator>
