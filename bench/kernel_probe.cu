@@ -104,6 +104,9 @@ int main() {
          [&] { k::swiglu_backward(k::Dtype::BFloat16, gate_up, d_out, dx, tokens, s.intermediate, nullptr, stream); });
     time(s.name, "swiglu_fp8_transposed", 5.0 * i,
          [&] { k::swiglu_fp8_transposed(gate_up, tokens, s.intermediate, inverse_scale, fp8_t, stream); });
+    time(s.name, "swiglu_backward_fp8_transposed (the two above)", 11.0 * i, [&] {
+      k::swiglu_backward_fp8_transposed(gate_up, d_out, dx, tokens, s.intermediate, inverse_scale, fp8_t, amax, stream);
+    });
     time(s.name, "fp8_amax [T, 2 inter]", 4.0 * i, [&] { k::fp8_amax(gate_up, 2 * i, amax, stream); });
     time(s.name, "fp8_quantize [T, 2 inter], amax known", 6.0 * i,
          [&] { k::fp8_quantize(gate_up, 2 * i, false, fp8, amax, true, inverse_scale, stream); });

@@ -577,6 +577,58 @@ TEST(OpsGpu, SwiGluFp8TransposedCastIsLibTorchsCastOfItsOutput) {
   EXPECT_EQ(untouched.count_nonzero().item<int64_t>(), 0);
 }
 
+// The fused backward of swiglu_linear's FP8 path writes what its two
+// kernels write, from one read of gate/up and the output gradient: the
+// gate/up gradient and its amax as swiglu_backward's, the forward's output
+// cast transposed as swiglu_fp8_transposed's, byte for byte; tiles cut at
+// both edges as above. Shapes and addresses the kernel does not take are
+// refused with nothing written.
+TEST(OpsGpu, SwiGluBackwardFp8TransposedWritesWhatItsTwoKernelsWrite) {
+  REQUIRE_CUDA();
+  torch::manual_seed(19);
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  const int64_t rows = 208, width = 320;
+  const torch::Tensor gate_up = torch::randn({rows, 2 * width}).to(bf16), dh = torch::randn({rows, width}).to(bf16);
+  const torch::Tensor inverse_scale = torch::full({}, 0.125, bf16.dtype(torch::kFloat32));
+  const auto f32 = bf16.dtype(torch::kFloat32), u8 = bf16.dtype(torch::kUInt8);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  const torch::Tensor d_expected = torch::empty_like(gate_up), amax_expected = torch::empty({1}, f32);
+  const torch::Tensor t_expected = torch::zeros({width, rows}, u8);
+  ops::kernels::swiglu_backward(ops::kernels::Dtype::BFloat16, gate_up.data_ptr(), dh.data_ptr(), d_expected.data_ptr(),
+                                rows, width, amax_expected.data_ptr<float>(), stream);
+  ASSERT_TRUE(ops::kernels::swiglu_fp8_transposed(gate_up.data_ptr(), rows, width, inverse_scale.data_ptr<float>(),
+                                                  t_expected.data_ptr(), stream));
+  const torch::Tensor d = torch::zeros_like(gate_up), amax = torch::full({1}, 1e30, f32);
+  const torch::Tensor t = torch::zeros({width, rows}, u8);
+  ASSERT_TRUE(ops::kernels::swiglu_backward_fp8_transposed(gate_up.data_ptr(), dh.data_ptr(), d.data_ptr(), rows, width,
+                                                           inverse_scale.data_ptr<float>(), t.data_ptr(),
+                                                           amax.data_ptr<float>(), stream));
+  EXPECT_TRUE(torch::equal(d, d_expected));
+  EXPECT_TRUE(torch::equal(t, t_expected));
+  EXPECT_EQ(amax.item<float>(), amax_expected.item<float>());
+  EXPECT_EQ(amax.item<float>(), d.abs().max().to(torch::kFloat32).item<float>()) << "the amax of what it wrote";
+  EXPECT_GT(t.count_nonzero().item<int64_t>(), rows * width / 2);
+  EXPECT_GT(d.count_nonzero().item<int64_t>(), rows * width);
+  // Without an amax: the same bytes.
+  const torch::Tensor d2 = torch::zeros_like(gate_up), t2 = torch::zeros({width, rows}, u8);
+  ASSERT_TRUE(ops::kernels::swiglu_backward_fp8_transposed(gate_up.data_ptr(), dh.data_ptr(), d2.data_ptr(), rows,
+                                                           width, inverse_scale.data_ptr<float>(), t2.data_ptr(),
+                                                           nullptr, stream));
+  EXPECT_TRUE(torch::equal(d2, d_expected));
+  EXPECT_TRUE(torch::equal(t2, t_expected));
+  // Refused: rows not a multiple of 8; an output gradient off 16-byte alignment.
+  const torch::Tensor d3 = torch::zeros_like(gate_up), t3 = torch::zeros({width, rows}, u8);
+  EXPECT_FALSE(ops::kernels::swiglu_backward_fp8_transposed(gate_up.data_ptr(), dh.data_ptr(), d3.data_ptr(), rows - 4,
+                                                            width, inverse_scale.data_ptr<float>(), t3.data_ptr(),
+                                                            nullptr, stream));
+  const torch::Tensor dh_storage = torch::randn({rows * width + 1}).to(bf16);
+  EXPECT_FALSE(ops::kernels::swiglu_backward_fp8_transposed(
+      gate_up.data_ptr(), dh_storage.narrow(0, 1, rows * width).data_ptr(), d3.data_ptr(), rows, width,
+      inverse_scale.data_ptr<float>(), t3.data_ptr(), nullptr, stream));
+  EXPECT_EQ(d3.count_nonzero().item<int64_t>(), 0);
+  EXPECT_EQ(t3.count_nonzero().item<int64_t>(), 0);
+}
+
 // The norm's output cast to E4M3 and written transposed by one kernel
 // (from the input and each row's reciprocal RMS, in norm_linear's FP8
 // backward) is LibTorch's own cast of the bf16 output rms_norm's kernel

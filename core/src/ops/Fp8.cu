@@ -106,7 +106,7 @@ struct Bf16Chunks {
   int64_t cols;
   using Raw = Bf16x8;
   __device__ Raw fetch(int64_t r, int64_t c) const { return *reinterpret_cast<const Bf16x8*>(x + r * cols + c); }
-  __device__ void values(const Raw& raw, float v[8]) const { unpack(raw, v); }
+  __device__ void values(const Raw& raw, int64_t, int64_t, float v[8]) const { unpack(raw, v); }
 };
 
 __global__ void __launch_bounds__(kTileThreads)
@@ -114,10 +114,15 @@ __global__ void __launch_bounds__(kTileThreads)
                                       const unsigned* amax_bits, float* inverse_scale, uint8_t* out_t,
                                       uint8_t* out_rows) {
   const float scale = transposed_cast_scale(amax_bits, e5m2, inverse_scale);
-  cast_tile_transposed(Bf16Chunks{x, cols}, rows, cols, scale, e5m2 ? __NV_E5M2 : __NV_E4M3, out_t, out_rows);
+  Bf16Chunks loader{x, cols};
+  cast_tile_transposed(loader, rows, cols, scale, e5m2 ? __NV_E5M2 : __NV_E4M3, out_t, out_rows);
 }
 
 }  // namespace
+
+bool transposed_cast_fits(int64_t rows, int64_t cols, const void* input, const void* out_t) {
+  return transposed_tile_fits(rows, cols, input, out_t);
+}
 
 bool fp8_quantize_transposed(const void* x, int64_t rows, int64_t cols, bool e5m2, const float* amax,
                              float* inverse_scale, void* out_t, void* out_rows, cudaStream_t stream) {

@@ -68,7 +68,9 @@ __device__ inline void transpose4x4(uint32_t a, uint32_t b, uint32_t c, uint32_t
 // out_t ([cols, rows], 8-byte aligned) gets the tile transposed, and
 // out_rows ([rows, cols], when not null) as laid out. The loader gives the
 // values: Raw fetch(r, c) reads eight consecutive values' inputs at row r,
-// columns c .. c + 7, and values(raw, v) makes them floats. Each thread
+// columns c .. c + 7, and values(raw, r, c, v) makes them floats (once for
+// each chunk in the tensor: a loader may also write what it derives from
+// the same inputs there, or gather an amax). Each thread
 // first fetches four such chunks (all four in flight), casts them and keeps
 // the FP8 bytes in shared memory, rows 132 bytes (33 words) apart; then it
 // reads a block of 8 rows x 4 columns as eight words, transposes it in
@@ -96,7 +98,7 @@ inline bool transposed_tile_fits(int64_t rows, int64_t cols, const void* input, 
 }
 
 template <typename Loader>
-__device__ inline void cast_tile_transposed(const Loader& loader, int64_t rows, int64_t cols, float scale,
+__device__ inline void cast_tile_transposed(Loader& loader, int64_t rows, int64_t cols, float scale,
                                             __nv_fp8_interpretation_t format, uint8_t* out_t, uint8_t* out_rows) {
   __shared__ alignas(16) uint8_t tile[kTileRows * kTileStride];
   const int64_t c0 = blockIdx.x * int64_t(kTileCols), r0 = blockIdx.y * int64_t(kTileRows);
@@ -114,7 +116,7 @@ __device__ inline void cast_tile_transposed(const Loader& loader, int64_t rows, 
     const int i = i0 + kRowStep * l;
     if (!column_in || r0 + i >= rows) continue;
     float v[8];
-    loader.values(chunks[l], v);
+    loader.values(chunks[l], r0 + i, c0 + j, v);
     Fp8x8 q;
     for (int p = 0; p < 4; ++p) {
       q.v[p] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * p] * scale, v[2 * p + 1] * scale), __NV_SATFINITE, format);

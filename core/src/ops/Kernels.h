@@ -46,6 +46,20 @@ void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* 
 bool swiglu_fp8_transposed(const void* gate_up, int64_t rows, int64_t width, const float* inverse_scale, void* out_t,
                            cudaStream_t stream);
 
+/// Whether the transposing casts (fp8_quantize_transposed's vector path,
+/// swiglu_fp8_transposed, rms_norm_fp8_transposed) take a [rows, cols]
+/// input at `input` written transposed to `out_t`.
+bool transposed_cast_fits(int64_t rows, int64_t cols, const void* input, const void* out_t);
+
+/// swiglu_backward (bf16: d_gate_up and `amax` as it writes them) and
+/// swiglu_fp8_transposed (out_t, with the forward's scale 1 / *inverse_scale)
+/// in one pass, reading gate_up and d_out once: the same bytes as the two.
+/// False, launching nothing, on swiglu_fp8_transposed's conditions or where
+/// d_out or d_gate_up is not 16-byte aligned.
+bool swiglu_backward_fp8_transposed(const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows,
+                                    int64_t width, const float* inverse_scale, void* out_t, float* amax,
+                                    cudaStream_t stream);
+
 /// Whether the RMSNorm kernels take rows of `width`: a multiple of 8, at most 4096.
 bool rms_norm_fits(int64_t width);
 

@@ -4,6 +4,7 @@
 #include "trainer/ops/Linear.h"
 
 #include <atomic>
+#include <functional>
 
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/function.h>
@@ -243,12 +244,17 @@ Fp8Tensor quantize_both(const torch::Tensor& t, bool e5m2, torch::Tensor* transp
 // `into` when defined (see fused_gradient_target), else returned in bf16.
 // `x_t_given`, when defined, is x's transposed cast already made (and x is
 // not read).
+// `x_t_from_dx`, when given (with need_dx, and no x_t_given): makes x's
+// transposed cast from dx once dx exists, for a caller whose pass over dx
+// also reads what x is computed from.
 // Undefined tensors where the build has no scaled GEMM (never called then).
 struct Fp8Grads {
   torch::Tensor dx, dw;
 };
+using TransposedFromDx = std::function<torch::Tensor(const torch::Tensor& dx)>;
 Fp8Grads fp8_backward(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& w, const Fp8Scales& scales,
-                      bool need_dx, const torch::Tensor& into, const torch::Tensor& x_t_given) {
+                      bool need_dx, const torch::Tensor& into, const torch::Tensor& x_t_given,
+                      const TransposedFromDx& x_t_from_dx) {
   Fp8Grads g;
 #ifdef TRAINER_FP8_LINEAR
   torch::Tensor dy_t;
@@ -260,7 +266,9 @@ Fp8Grads fp8_backward(const torch::Tensor& dy, const torch::Tensor& x, const tor
                           /*use_fast_accum=*/false);
   }
   // dW = dY^T x: dY^T row-major, x as the column-major [tokens, in] operand (x^T laid out row-major).
-  const torch::Tensor x_t = x_t_given.defined() ? x_t_given : quantize_transposed(x, false, scales.x);
+  const torch::Tensor x_t = x_t_given.defined()      ? x_t_given
+                            : need_dx && x_t_from_dx ? x_t_from_dx(g.dx)
+                                                     : quantize_transposed(x, false, scales.x);
   if (into.defined()) {
     // The GEMM adds into the accumulator itself (beta 1); an fp32 product
     // added by a second pass only where cuBLASLt offers no kernel for it.
@@ -283,7 +291,7 @@ Fp8Grads fp8_backward(const torch::Tensor& dy, const torch::Tensor& x, const tor
                           /*use_fast_accum=*/false);
   }
 #else
-  (void)dy, (void)x, (void)w, (void)scales, (void)need_dx, (void)into, (void)x_t_given;
+  (void)dy, (void)x, (void)w, (void)scales, (void)need_dx, (void)into, (void)x_t_given, (void)x_t_from_dx;
 #endif
   return g;
 }
@@ -306,10 +314,12 @@ struct LinearGrads {
 // then returned undefined, and autograd adds nothing).
 // `scales`: the forward's FP8 scales; undefined where it ran in bf16.
 // `x_t`: x's transposed FP8 cast, made by the caller where the backward
-// runs in FP8 (fp8_backward_applies); x is then not read and may be undefined.
+// runs in FP8 (fp8_backward_applies); x is then not read and may be
+// undefined. `x_t_from_dx`: the same, made from dx (see fp8_backward).
 LinearGrads linear_backward(const torch::Tensor& dy_in, const torch::Tensor& x, const torch::Tensor& w,
                             const std::vector<torch::Tensor>& weights, bool with_bias, bool need_dx,
-                            const Fp8Scales& scales, const torch::Tensor& x_t = torch::Tensor()) {
+                            const Fp8Scales& scales, const torch::Tensor& x_t = torch::Tensor(),
+                            const TransposedFromDx& x_t_from_dx = nullptr) {
   LinearGrads out;
   const torch::Tensor dy = dy_in.reshape({-1, w.size(0)});
   std::vector<int64_t> x_sizes = dy_in.sizes().vec();  // x's: y = x W^T has x's leading dimensions
@@ -317,8 +327,9 @@ LinearGrads linear_backward(const torch::Tensor& dy_in, const torch::Tensor& x, 
   torch::Tensor into = fused_gradient_target(weights, dy);
   torch::Tensor dw;
   if (fp8_backward_applies(dy, w, scales)) {
-    Fp8Grads g =
-        fp8_backward(dy, x_t.defined() ? torch::Tensor() : x.reshape({-1, w.size(1)}), w, scales, need_dx, into, x_t);
+    const bool x_given = x_t.defined() || (need_dx && x_t_from_dx);
+    Fp8Grads g = fp8_backward(dy, x_given ? torch::Tensor() : x.reshape({-1, w.size(1)}), w, scales, need_dx, into, x_t,
+                              x_t_from_dx);
     if (need_dx) out.dx = g.dx.view(x_sizes);
     dw = g.dw;  // undefined when added into `into`
   } else {
@@ -437,8 +448,10 @@ class LinearOfBackward final : public torch::autograd::Node {
 
   // The backward where f is swiglu and the product runs in FP8: the
   // weight gradient's transposed FP8 operand straight from s (SwiGLU's
-  // input) with the forward's scale, and s's gradient from SwiGLU's
-  // backward kernel; f's output is never written. The same kernels and
+  // input) with the forward's scale; f's output is never written. Where s
+  // wants its gradient, one kernel reads s and the product's input
+  // gradient once and writes both s's gradient and that operand (between
+  // the input- and the weight-gradient GEMMs). The same kernels' bytes and
   // scales as the general path (OpsGpu.SwiGluLinearGivesTheBitsOfLinearOf).
   // False, having done nothing, where the general path is to run.
   bool swiglu_fp8_backward(const torch::Tensor& s_saved, const torch::Tensor& dy, torch::autograd::variable_list* out) {
@@ -451,17 +464,26 @@ class LinearOfBackward final : public torch::autograd::Node {
     const torch::Tensor gate_up = s_saved.detach().contiguous();
     const int64_t rows = gate_up.numel() / (2 * width);
     const torch::Tensor x_t = torch::empty({width, rows}, gate_up.options().dtype(at::kFloat8_e4m3fn));
-    {
-      const KernelLaunch launch("swiglu_fp8_transposed", {gate_up, scales_.x, x_t});
-      if (!kernels::swiglu_fp8_transposed(gate_up.data_ptr(), rows, width, scales_.x.data_ptr<float>(), x_t.data_ptr(),
-                                          launch.stream())) {
-        return false;
-      }
-      check_launch("swiglu_fp8_transposed");
-    }
+    if (!kernels::transposed_cast_fits(rows, width, gate_up.data_ptr(), x_t.data_ptr())) return false;
     const bool need_ds = s_saved.requires_grad();
-    LinearGrads g = linear_backward(dy, torch::Tensor(), w_, weights_, with_bias_, need_ds, scales_, x_t);
-    out->push_back(need_ds ? swiglu_gradient(gate_up, g.dx) : torch::Tensor());
+    LinearGrads g;
+    torch::Tensor ds;
+    if (need_ds) {
+      const TransposedFromDx fused = [&](const torch::Tensor& dh) {
+        ds = swiglu_gradient_with_cast(gate_up, dh.contiguous(), x_t);
+        return x_t;
+      };
+      g = linear_backward(dy, torch::Tensor(), w_, weights_, with_bias_, /*need_dx=*/true, scales_, torch::Tensor(),
+                          fused);
+    } else {
+      const KernelLaunch launch("swiglu_fp8_transposed", {gate_up, scales_.x, x_t});
+      TORCH_CHECK(kernels::swiglu_fp8_transposed(gate_up.data_ptr(), rows, width, scales_.x.data_ptr<float>(),
+                                                 x_t.data_ptr(), launch.stream()),
+                  "swiglu_fp8_transposed refused operands transposed_cast_fits took");
+      check_launch("swiglu_fp8_transposed");
+      g = linear_backward(dy, torch::Tensor(), w_, weights_, with_bias_, /*need_dx=*/false, scales_, x_t);
+    }
+    out->push_back(ds);
     out->insert(out->end(), g.weights.begin(), g.weights.end());
     out->insert(out->end(), g.biases.begin(), g.biases.end());
     return true;
@@ -470,6 +492,33 @@ class LinearOfBackward final : public torch::autograd::Node {
     return false;
 #endif
   }
+
+#ifdef TRAINER_FP8_LINEAR
+  // s's gradient as swiglu_gradient computes it (its amax offered alike),
+  // and into x_t the forward's output cast transposed with the forward's
+  // scale, as swiglu_fp8_transposed writes it: one kernel, one read of s
+  // and dh.
+  torch::Tensor swiglu_gradient_with_cast(const torch::Tensor& gate_up, const torch::Tensor& dh,
+                                          const torch::Tensor& x_t) {
+    const int64_t width = gate_up.size(-1) / 2, rows = gate_up.numel() / (2 * width);
+    torch::Tensor d_gate_up = torch::empty_like(gate_up);
+    const torch::Tensor amax = fp8_amax_buffer(gate_up);
+    const KernelLaunch launch("swiglu_backward_fp8_transposed", {gate_up, dh, d_gate_up, scales_.x, x_t});
+    if (!kernels::swiglu_backward_fp8_transposed(gate_up.data_ptr(), dh.data_ptr(), d_gate_up.data_ptr(), rows, width,
+                                                 scales_.x.data_ptr<float>(), x_t.data_ptr(),
+                                                 amax.defined() ? amax.data_ptr<float>() : nullptr, launch.stream())) {
+      // Only an unaligned dh: the two kernels, as the unfused path runs them.
+      TORCH_CHECK(kernels::swiglu_fp8_transposed(gate_up.data_ptr(), rows, width, scales_.x.data_ptr<float>(),
+                                                 x_t.data_ptr(), launch.stream()),
+                  "swiglu_fp8_transposed refused operands transposed_cast_fits took");
+      check_launch("swiglu_fp8_transposed");
+      return swiglu_gradient(gate_up, dh);
+    }
+    check_launch("swiglu_backward_fp8_transposed");
+    if (amax.defined()) offer_fp8_amax(d_gate_up, amax);  // the gate/up projection's gradient cast reads it next
+    return d_gate_up;
+  }
+#endif
 
   // The backward where f is rms_norm and its forward ran the project's
   // kernels: f's output is never kept, and is computed again only where the

@@ -205,7 +205,7 @@ struct NormChunks {
     return Raw{*reinterpret_cast<const Bf16x8*>(x + r * width + c), *reinterpret_cast<const Bf16x8*>(gamma + c),
                rstd[r]};
   }
-  __device__ void values(const Raw& raw, float v[8]) const {
+  __device__ void values(const Raw& raw, int64_t, int64_t, float v[8]) const {
     float xs[8], gs[8];
     unpack(raw.x, xs);
     unpack(raw.g, gs);
@@ -217,7 +217,8 @@ __global__ void __launch_bounds__(kTileThreads)
     rms_norm_fp8_transposed_kernel(const __nv_bfloat16* x, const __nv_bfloat16* gamma, const float* rstd, int64_t rows,
                                    int64_t width, const float* inverse_scale, uint8_t* out_t) {
   const float scale = 1.0f / *inverse_scale;
-  cast_tile_transposed(NormChunks{x, gamma, rstd, width}, rows, width, scale, __NV_E4M3, out_t, nullptr);
+  NormChunks loader{x, gamma, rstd, width};
+  cast_tile_transposed(loader, rows, width, scale, __NV_E4M3, out_t, nullptr);
 }
 
 }  // namespace

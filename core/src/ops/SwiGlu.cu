@@ -26,6 +26,15 @@ __device__ inline A swiglu_value(A g, A u) {
   return g * sigmoid(g) * u;
 }
 
+// The backward's values, stored: every kernel that writes them computes
+// them here, so that they agree to the bit.
+template <typename A, typename T>
+__device__ inline void swiglu_gradients(A g, A u, A d, T* d_gate, T* d_up) {
+  const A s = sigmoid(g);
+  store(d_gate, d * u * s * (A(1) + g * (A(1) - s)));
+  store(d_up, d * g * s);
+}
+
 // N consecutive elements moved as one 16-byte access (N = 1: the scalar
 // path for widths or addresses that do not allow it).
 template <typename T, int N>
@@ -82,10 +91,7 @@ __global__ void swiglu_backward_kernel(const T* gate_up, const T* d_out, T* d_ga
       P dg, du;
 #pragma unroll
       for (int j = 0; j < N; ++j) {
-        const A gj = load(&g.v[j]), uj = load(&u.v[j]), dj = load(&d.v[j]);
-        const A sj = sigmoid(gj);
-        store(&dg.v[j], dj * uj * sj * (A(1) + gj * (A(1) - sj)));
-        store(&du.v[j], dj * gj * sj);
+        swiglu_gradients(load(&g.v[j]), load(&u.v[j]), load(&d.v[j]), &dg.v[j], &du.v[j]);
         if (amax_bits != nullptr) {
           track(load(&dg.v[j]), mine, nan);
           track(load(&du.v[j]), mine, nan);
@@ -111,7 +117,7 @@ struct SwiGluChunks {
     const __nv_bfloat16* row = gate_up + r * 2 * width;
     return Raw{*reinterpret_cast<const Bf16x8*>(row + c), *reinterpret_cast<const Bf16x8*>(row + width + c)};
   }
-  __device__ void values(const Raw& raw, float v[8]) const {
+  __device__ void values(const Raw& raw, int64_t, int64_t, float v[8]) const {
     float g[8], u[8];
     unpack(raw.gate, g);
     unpack(raw.up, u);
@@ -123,7 +129,58 @@ __global__ void __launch_bounds__(kTileThreads)
     swiglu_fp8_transposed_kernel(const __nv_bfloat16* gate_up, int64_t rows, int64_t width, const float* inverse_scale,
                                  uint8_t* out_t) {
   const float scale = 1.0f / *inverse_scale;
-  cast_tile_transposed(SwiGluChunks{gate_up, width}, rows, width, scale, __NV_E4M3, out_t, nullptr);
+  SwiGluChunks loader{gate_up, width};
+  cast_tile_transposed(loader, rows, width, scale, __NV_E4M3, out_t, nullptr);
+}
+
+// swiglu_backward_kernel and swiglu_fp8_transposed_kernel in one pass
+// (Fp8Tile.cuh): from a gate, an up and an output-gradient chunk, the
+// gradient chunks go to d_gate_up (their amax gathered as
+// swiglu_backward_kernel gathers it) and the forward's values to the cast.
+struct SwiGluGradientChunks {
+  const __nv_bfloat16* gate_up;
+  const __nv_bfloat16* d_out;
+  __nv_bfloat16* d_gate_up;
+  int64_t width;
+  bool amax = false;
+  float mine = 0.0f;
+  bool nan = false;
+  struct Raw {
+    Bf16x8 gate, up, d;
+  };
+  __device__ Raw fetch(int64_t r, int64_t c) const {
+    const __nv_bfloat16* row = gate_up + r * 2 * width;
+    return Raw{*reinterpret_cast<const Bf16x8*>(row + c), *reinterpret_cast<const Bf16x8*>(row + width + c),
+               *reinterpret_cast<const Bf16x8*>(d_out + r * width + c)};
+  }
+  __device__ void values(const Raw& raw, int64_t r, int64_t c, float v[8]) {
+    float g[8], u[8], d[8];
+    unpack(raw.gate, g);
+    unpack(raw.up, u);
+    unpack(raw.d, d);
+    alignas(16) __nv_bfloat16 dg[8], du[8];
+    for (int k = 0; k < 8; ++k) {
+      v[k] = __bfloat162float(__float2bfloat16(swiglu_value(g[k], u[k])));
+      swiglu_gradients(g[k], u[k], d[k], &dg[k], &du[k]);
+      if (amax) {
+        track(load(&dg[k]), mine, nan);
+        track(load(&du[k]), mine, nan);
+      }
+    }
+    __nv_bfloat16* row = d_gate_up + r * 2 * width;
+    *reinterpret_cast<Bf16x8*>(row + c) = *reinterpret_cast<const Bf16x8*>(dg);
+    *reinterpret_cast<Bf16x8*>(row + width + c) = *reinterpret_cast<const Bf16x8*>(du);
+  }
+};
+
+__global__ void __launch_bounds__(kTileThreads)
+    swiglu_backward_fp8_transposed_kernel(const __nv_bfloat16* gate_up, const __nv_bfloat16* d_out,
+                                          __nv_bfloat16* d_gate_up, int64_t rows, int64_t width,
+                                          const float* inverse_scale, uint8_t* out_t, unsigned* amax_bits) {
+  const float scale = 1.0f / *inverse_scale;
+  SwiGluGradientChunks loader{gate_up, d_out, d_gate_up, width, amax_bits != nullptr};
+  cast_tile_transposed(loader, rows, width, scale, __NV_E4M3, out_t, nullptr);
+  if (amax_bits != nullptr) block_amax(loader.mine, loader.nan, amax_bits);
 }
 
 constexpr unsigned kThreads = 128;
@@ -187,6 +244,20 @@ bool swiglu_fp8_transposed(const void* gate_up, int64_t rows, int64_t width, con
   if (rows == 0 || width == 0) return true;
   swiglu_fp8_transposed_kernel<<<transposed_tile_grid(rows, width), kTileThreads, 0, stream>>>(
       static_cast<const __nv_bfloat16*>(gate_up), rows, width, inverse_scale, static_cast<uint8_t*>(out_t));
+  return true;
+}
+
+bool swiglu_backward_fp8_transposed(const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows,
+                                    int64_t width, const float* inverse_scale, void* out_t, float* amax,
+                                    cudaStream_t stream) {
+  if (!transposed_tile_fits(rows, width, gate_up, out_t) || !aligned(d_out, 16) || !aligned(d_gate_up, 16))
+    return false;
+  unsigned* amax_bits = reinterpret_cast<unsigned*>(amax);
+  if (amax_bits != nullptr) cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream);
+  if (rows == 0 || width == 0) return true;
+  swiglu_backward_fp8_transposed_kernel<<<transposed_tile_grid(rows, width), kTileThreads, 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(gate_up), static_cast<const __nv_bfloat16*>(d_out),
+      static_cast<__nv_bfloat16*>(d_gate_up), rows, width, inverse_scale, static_cast<uint8_t*>(out_t), amax_bits);
   return true;
 }
 
