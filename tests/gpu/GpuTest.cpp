@@ -404,6 +404,26 @@ TEST(GpuTraining, Fp8TrainsTheQuickstartLikeBf16) {
   EXPECT_LE(std::abs(tail(fp8) - tail(bf16)), 0.1 * tail(bf16)) << "bf16 " << tail(bf16) << ", fp8 " << tail(fp8);
 }
 
+// The FP8 weights' transposed casts are kept from forward to backward,
+// except where the strategy releases parameters between uses (zero3): it
+// would hold a byte a parameter of the whole model. Either way the run
+// trains (the bits are the same: OpsGpu.Fp8KeptTransposedWeightsGiveTheSameBits).
+TEST(GpuTraining, Fp8KeepsTransposedWeightsUnlessTheStrategyReleasesParameters) {
+  REQUIRE_CUDA();
+  for (const std::string strategy : {"ddp", "zero3"}) {
+    const std::string dir = scratch_dir("GpuFp8Keep_" + strategy);
+    const auto result = trainer("run " + source_path("configs/quickstart.toml") + " --set run.output_dir=" + dir +
+                                " --set run.device=cuda --set training.precision=fp8 --set training.steps=2" +
+                                " --set strategy.name=" + strategy);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    const bool kept = result.output.find("transposed casts are kept") != std::string::npos;
+    const bool again = result.output.find("cast transposed again in backward") != std::string::npos;
+    EXPECT_EQ(kept, strategy == "ddp") << strategy << ": " << result.output;
+    EXPECT_EQ(again, strategy == "zero3") << strategy << ": " << result.output;
+    EXPECT_EQ(read_metrics(dir + "/metrics.jsonl").size(), 2u) << result.output;
+  }
+}
+
 // training.reproducible on CUDA: the (8,1) and (2,4) splits, and another
 // strategy, train the same bits in fp32 and in bf16.
 TEST(GpuTraining, ReproducibleSplitsAreBitIdenticalOnCuda) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/cuda.h>
@@ -684,6 +685,55 @@ TEST(OpsGpu, Fp8WeightGradientIsTheSameWithoutAnInputGradient) {
   EXPECT_TRUE(torch::equal(dw[0], dw[1]));
   const torch::Tensor expected = dy.to(torch::kFloat64).t().mm(xs.to(torch::kFloat64));
   EXPECT_GT(relative_error(dw[0], expected), 4e-3) << "no FP8 rounding in the weight gradient";
+}
+
+// An FP8 forward keeps its weights' transposed cast for backward
+// (fp8_keeps_transposed_weights) instead of casting them again there: the
+// same bytes, so the same outputs and gradients bit for bit, for linear
+// over stacked weights and for swiglu_linear; and the cast is held from
+// forward to backward (a byte a weight element), not made and dropped.
+TEST(OpsGpu, Fp8KeptTransposedWeightsGiveTheSameBits) {
+  REQUIRE_CUDA();
+  ASSERT_TRUE(ops::fp8_linear_available());
+  const Fp8On on;
+  torch::manual_seed(21);
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  const int64_t tokens = 208, in = 256, out = 320;
+  const torch::Tensor xs = torch::randn({tokens, in}).to(bf16), gs = torch::randn({tokens, 2 * in}).to(bf16);
+  const torch::Tensor w1s = (torch::randn({out / 2, in}) * 0.05).to(bf16),
+                      w2s = (torch::randn({out / 2, in}) * 0.05).to(bf16);
+  const torch::Tensor dy = torch::randn({tokens, out}).to(bf16);
+  const auto allocated = [] {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device()).allocated_bytes[0].current;
+  };
+  struct Result {
+    std::vector<torch::Tensor> bits;
+    int64_t held = 0;  // bytes allocated by the forward and live until backward, beyond its output
+  };
+  const auto run = [&](bool keep, bool swiglu) {
+    ops::set_fp8_keeps_transposed_weights(keep);
+    const torch::Tensor x = (swiglu ? gs : xs).clone().requires_grad_(true);
+    const torch::Tensor w1 = w1s.clone().requires_grad_(true), w2 = w2s.clone().requires_grad_(true);
+    torch::cuda::synchronize();
+    const int64_t before = allocated();
+    const torch::Tensor y = swiglu ? ops::swiglu_linear(x, {w1, w2}) : ops::linear(x, {w1, w2});
+    torch::cuda::synchronize();
+    Result r;
+    r.held = allocated() - before - static_cast<int64_t>(y.nbytes());
+    y.backward(dy);
+    r.bits = {y, x.grad(), w1.grad(), w2.grad()};
+    return r;
+  };
+  for (const bool swiglu : {false, true}) {
+    const Result recast = run(false, swiglu), kept = run(true, swiglu);
+    for (size_t i = 0; i < kept.bits.size(); ++i) {
+      EXPECT_TRUE(torch::equal(kept.bits[i], recast.bits[i])) << "tensor " << i << (swiglu ? ", swiglu_linear" : "");
+    }
+    // The stacked weights' cast, 1 byte an element (the allocator rounds to 512 bytes).
+    EXPECT_GE(kept.held - recast.held, out * in) << (swiglu ? "swiglu_linear" : "linear");
+    EXPECT_LE(kept.held - recast.held, out * in + 1024) << (swiglu ? "swiglu_linear" : "linear");
+  }
+  ops::set_fp8_keeps_transposed_weights(true);
 }
 
 // swiglu_linear is linear_of(swiglu, ...) bit for bit: in FP8 (where its

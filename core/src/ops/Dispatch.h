@@ -99,6 +99,15 @@ void set_gradient_fusion(bool enabled);
 /// Process-wide; set before training starts.
 bool fp8_linear_enabled();
 void set_fp8_linear(bool enabled);
+/// Whether an FP8 layer's forward, where its weights want gradients, also
+/// casts them transposed (one pass writing both layouts) and keeps that
+/// cast for the input gradient's GEMM, instead of casting them again in
+/// backward: about 1 byte a weight element held from forward to backward
+/// for one read of them less. On by default; the run turns it off where
+/// the strategy gathers parameters per unit (zero3: the cast would hold 1
+/// byte a parameter of the whole model beside the shards).
+bool fp8_keeps_transposed_weights();
+void set_fp8_keeps_transposed_weights(bool keep);
 /// Whether this build can compute linear layers in FP8 at all (CUDA kernels
 /// and LibTorch's scaled GEMM).
 bool fp8_linear_available();

@@ -77,6 +77,10 @@ __device__ inline void transpose4x4(uint32_t a, uint32_t b, uint32_t c, uint32_t
 // registers and writes four 8-byte pieces of the transposed rows. A warp
 // covers 4 row groups x 8 column groups, so its eight words of a read fall
 // in 32 different banks (row group g, column group c: bank 8 g + c + m).
+// Phases > 1 fetches and casts the four chunks in that many rounds: fewer
+// registers where a loader's chunks are large, so more blocks fit an SM
+// (SwiGLU's fused backward: 295 -> 264 us at 8192 x 11008, three inputs a
+// chunk, by bench/kernel_probe.cu on an H200).
 constexpr int kTileThreads = 256;
 constexpr int kTileRows = 64;
 constexpr int kTileCols = 128;
@@ -97,7 +101,7 @@ inline bool transposed_tile_fits(int64_t rows, int64_t cols, const void* input, 
          (cols + kTileCols - 1) / kTileCols <= (int64_t(1) << 31) - 1;
 }
 
-template <typename Loader>
+template <int Phases = 1, typename Loader>
 __device__ inline void cast_tile_transposed(Loader& loader, int64_t rows, int64_t cols, float scale,
                                             __nv_fp8_interpretation_t format, uint8_t* out_t, uint8_t* out_rows) {
   __shared__ alignas(16) uint8_t tile[kTileRows * kTileStride];
@@ -106,26 +110,32 @@ __device__ inline void cast_tile_transposed(Loader& loader, int64_t rows, int64_
   constexpr int kRowStep = kTileThreads / kChunksPerRow;
   const int i0 = threadIdx.x / kChunksPerRow, j = threadIdx.x % kChunksPerRow * 8;
   const bool column_in = c0 + j < cols;
-  typename Loader::Raw chunks[kLoadsPerThread];
+  constexpr int kPerPhase = kLoadsPerThread / Phases;
+  static_assert(kPerPhase * Phases == kLoadsPerThread, "phases divide a thread's chunks");
 #pragma unroll
-  for (int l = 0; l < kLoadsPerThread; ++l) {
-    if (column_in && r0 + i0 + kRowStep * l < rows) chunks[l] = loader.fetch(r0 + i0 + kRowStep * l, c0 + j);
-  }
+  for (int phase = 0; phase < Phases; ++phase) {
+    typename Loader::Raw chunks[kPerPhase];
 #pragma unroll
-  for (int l = 0; l < kLoadsPerThread; ++l) {
-    const int i = i0 + kRowStep * l;
-    if (!column_in || r0 + i >= rows) continue;
-    float v[8];
-    loader.values(chunks[l], r0 + i, c0 + j, v);
-    Fp8x8 q;
-    for (int p = 0; p < 4; ++p) {
-      q.v[p] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * p] * scale, v[2 * p + 1] * scale), __NV_SATFINITE, format);
+    for (int l = 0; l < kPerPhase; ++l) {
+      const int i = i0 + kRowStep * (phase * kPerPhase + l);
+      if (column_in && r0 + i < rows) chunks[l] = loader.fetch(r0 + i, c0 + j);
     }
-    const uint2 bytes = *reinterpret_cast<const uint2*>(&q);
-    uint32_t* t = reinterpret_cast<uint32_t*>(tile + i * kTileStride + j);
-    t[0] = bytes.x;
-    t[1] = bytes.y;
-    if (out_rows != nullptr) *reinterpret_cast<uint2*>(out_rows + (r0 + i) * cols + c0 + j) = bytes;
+#pragma unroll
+    for (int l = 0; l < kPerPhase; ++l) {
+      const int i = i0 + kRowStep * (phase * kPerPhase + l);
+      if (!column_in || r0 + i >= rows) continue;
+      float v[8];
+      loader.values(chunks[l], r0 + i, c0 + j, v);
+      Fp8x8 q;
+      for (int p = 0; p < 4; ++p) {
+        q.v[p] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * p] * scale, v[2 * p + 1] * scale), __NV_SATFINITE, format);
+      }
+      const uint2 bytes = *reinterpret_cast<const uint2*>(&q);
+      uint32_t* t = reinterpret_cast<uint32_t*>(tile + i * kTileStride + j);
+      t[0] = bytes.x;
+      t[1] = bytes.y;
+      if (out_rows != nullptr) *reinterpret_cast<uint2*>(out_rows + (r0 + i) * cols + c0 + j) = bytes;
+    }
   }
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

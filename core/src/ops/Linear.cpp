@@ -21,7 +21,11 @@ namespace trainer::ops {
 namespace {
 std::atomic<bool> g_gradient_fusion{true};
 std::atomic<bool> g_fp8_linear{false};
+std::atomic<bool> g_fp8_keep_weights_t{true};
 }  // namespace
+
+bool fp8_keeps_transposed_weights() { return g_fp8_keep_weights_t.load(); }
+void set_fp8_keeps_transposed_weights(bool keep) { g_fp8_keep_weights_t.store(keep); }
 
 bool gradient_fusion_enabled() { return g_gradient_fusion.load(); }
 void set_gradient_fusion(bool enabled) { g_gradient_fusion.store(enabled); }
@@ -171,28 +175,47 @@ bool fp8_fits(const torch::Tensor& a, int64_t rows, int64_t inner, int64_t cols)
 // y = x W^T + b: in FP8 where fp8_fits (E4M3 both, the GEMM's fast
 // accumulation as the forward's is in the field's FP8 recipes), else LibTorch's linear.
 // In FP8, `scales` (when given) receives x's and W's scales, for the backward.
+// With `keep_w_t` (and scales), W is cast in both layouts by one pass and
+// the transposed cast kept in scales->w_t, for the input gradient (see
+// fp8_keeps_transposed_weights).
 struct Fp8Scales {
   torch::Tensor x, w;  // the inverse scales; undefined where the product did not run in FP8
+  torch::Tensor w_t;   // W's transposed E4M3 cast with scale w, where kept
 };
+#ifdef TRAINER_FP8_LINEAR
+Fp8Tensor quantize_both(const torch::Tensor& t, bool e5m2, torch::Tensor* transposed, bool rows);
+#endif
 torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                      Fp8Scales* scales = nullptr) {
+                      Fp8Scales* scales = nullptr, bool keep_w_t = false) {
   const int64_t inner = w.size(1), cols = w.size(0), rows = inner > 0 ? x.numel() / inner : 0;
   if (!fp8_fits(x, rows, inner, cols) || w.scalar_type() != torch::kBFloat16) return torch::linear(x, w, b);
 #ifdef TRAINER_FP8_LINEAR
-  const Fp8Tensor xq = quantize(x.reshape({rows, inner}), false), wq = quantize(w, false);
+  torch::Tensor w_t;
+  const Fp8Tensor xq = quantize(x.reshape({rows, inner}), false);
+  const Fp8Tensor wq =
+      keep_w_t && scales != nullptr ? quantize_both(w, false, &w_t, /*rows=*/true) : quantize(w, false);
   // The scaled GEMM takes its second operand column-major: W^T of a row-major W is.
   const torch::Tensor y =
       at::_scaled_mm(xq.data, wq.data.t(), xq.inverse_scale, wq.inverse_scale,
                      b.defined() ? std::optional<torch::Tensor>(b) : std::nullopt, std::nullopt, torch::kBFloat16,
                      /*use_fast_accum=*/true);
-  if (scales != nullptr) *scales = Fp8Scales{xq.inverse_scale, wq.inverse_scale};
+  if (scales != nullptr) *scales = Fp8Scales{xq.inverse_scale, wq.inverse_scale, w_t};
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = cols;
   return y.view(sizes);
 #else
-  (void)scales;
+  (void)scales, (void)keep_w_t;
   return torch::Tensor();
 #endif
+}
+
+// Whether a forward keeps W's transposed FP8 cast: FP8 on, some weight wants its gradient.
+bool keeps_w_t(const std::vector<torch::Tensor>& weights) {
+  if (!fp8_linear_enabled() || !fp8_keeps_transposed_weights()) return false;
+  for (const torch::Tensor& w : weights) {
+    if (w.requires_grad()) return true;
+  }
+  return false;
 }
 
 #ifdef TRAINER_FP8_LINEAR
@@ -261,7 +284,7 @@ Fp8Grads fp8_backward(const torch::Tensor& dy, const torch::Tensor& x, const tor
   const Fp8Tensor dyq = quantize_both(dy, true, &dy_t, /*rows=*/need_dx);
   if (need_dx) {
     // W as the column-major [out, in] operand: W^T laid out row-major.
-    const torch::Tensor w_t = quantize_transposed(w, false, scales.w);
+    const torch::Tensor w_t = scales.w_t.defined() ? scales.w_t : quantize_transposed(w, false, scales.w);
     g.dx = at::_scaled_mm(dyq.data, w_t.t(), dyq.inverse_scale, scales.w, std::nullopt, std::nullopt, torch::kBFloat16,
                           /*use_fast_accum=*/false);
   }
@@ -367,9 +390,10 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
     ctx->saved_data["weights"] = weights.vec();  // the parameters themselves, for their .grad
     ctx->saved_data["biases"] = static_cast<int64_t>(biases.size());
     Fp8Scales scales;
-    const torch::Tensor y = product(x, w, b, &scales);
+    const torch::Tensor y = product(x, w, b, &scales, keeps_w_t(weights.vec()));
     ctx->saved_data["x_scale"] = scales.x;
     ctx->saved_data["w_scale"] = scales.w;
+    ctx->saved_data["w_t"] = scales.w_t;
     return y;
   }
 
@@ -379,7 +403,9 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
     LinearGrads g =
         linear_backward(grads[0], x, w, ctx->saved_data["weights"].toTensorVector(),
                         ctx->saved_data["biases"].toInt() > 0, ctx->needs_input_grad(0),
-                        Fp8Scales{ctx->saved_data["x_scale"].toTensor(), ctx->saved_data["w_scale"].toTensor()});
+                        Fp8Scales{ctx->saved_data["x_scale"].toTensor(), ctx->saved_data["w_scale"].toTensor(),
+                                  ctx->saved_data["w_t"].toTensor()});
+    ctx->saved_data["w_t"] = torch::Tensor();  // a second backward (retain_graph) casts again
     // One gradient per input tensor, in order: x, then each weight, then each bias.
     variable_list out{g.dx};
     out.insert(out.end(), g.weights.begin(), g.weights.end());
@@ -597,7 +623,7 @@ torch::Tensor linear_of_input(InputFunction f, const torch::Tensor& s, const std
     }
 #endif
     if (!h.defined()) h = f(s, f_params);
-    y = product(h, w, biases.empty() ? torch::Tensor() : stacked(biases), &scales);
+    y = product(h, w, biases.empty() ? torch::Tensor() : stacked(biases), &scales, keeps_w_t(weights));
   }
   auto node = std::make_shared<LinearOfBackward>(std::move(f), s, f_params, w, weights, !biases.empty(),
                                                  std::move(scales), std::move(known));

@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(kTileThreads)
                                           const float* inverse_scale, uint8_t* out_t, unsigned* amax_bits) {
   const float scale = 1.0f / *inverse_scale;
   SwiGluGradientChunks loader{gate_up, d_out, d_gate_up, width, amax_bits != nullptr};
-  cast_tile_transposed(loader, rows, width, scale, __NV_E4M3, out_t, nullptr);
+  cast_tile_transposed<4>(loader, rows, width, scale, __NV_E4M3, out_t, nullptr);
   if (amax_bits != nullptr) block_amax(loader.mine, loader.nan, amax_bits);
 }
 

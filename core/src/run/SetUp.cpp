@@ -124,6 +124,21 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
   run.measured_setup_bytes = live_bytes(run.device) - run.memory_baseline;
 
   const MemoryReport memory = run.strategy->memory();
+  // A strategy that frees parameters' memory between uses (zero3 gathers a
+  // unit at a time; outside that its parameters hold no memory, as after
+  // setup): FP8 casts of the weights kept from forward to backward would
+  // hold 1 byte a parameter of the whole model beside its shards.
+  bool released = false;
+  for (const NamedParameter& p : run.model->parameters()) {
+    released = released || (p.tensor.numel() > 0 && p.tensor.storage().nbytes() == 0);
+  }
+  ops::set_fp8_keeps_transposed_weights(!released);
+  if (config.fp8) {
+    log::info(released ? "FP8: the weights are cast transposed again in backward (the strategy releases parameters "
+                         "between uses)"
+                       : "FP8: the weights' transposed casts are kept from forward to backward (about 1 byte a "
+                         "weight element)");
+  }
   log::info(fmt::format("rank {} holds {} parameter, {} gradient and {} optimizer-state bytes", world.rank,
                         memory.parameter_bytes, memory.gradient_bytes, memory.optimizer_bytes));
   // After the strategy's setup: its hooks and bound buffers are in place, and
