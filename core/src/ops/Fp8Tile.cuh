@@ -79,8 +79,8 @@ __device__ inline void transpose4x4(uint32_t a, uint32_t b, uint32_t c, uint32_t
 // in 32 different banks (row group g, column group c: bank 8 g + c + m).
 // Phases > 1 fetches and casts the four chunks in that many rounds: fewer
 // registers where a loader's chunks are large, so more blocks fit an SM
-// (SwiGLU's fused backward: 295 -> 264 us at 8192 x 11008, three inputs a
-// chunk, by bench/kernel_probe.cu on an H200).
+// (SwiGLU's fused backward, three inputs a chunk: 80 -> 63 registers,
+// 294.9 -> 283.1 us at 8192 x 11008 by bench/kernel_probe.cu on an H200).
 constexpr int kTileThreads = 256;
 constexpr int kTileRows = 64;
 constexpr int kTileCols = 128;

@@ -381,8 +381,9 @@ LinearGrads linear_backward(const torch::Tensor& dy_in, const torch::Tensor& x, 
 
 struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> {
   // The lists arrive as TensorList so that autograd sees each tensor in them as an input.
+  // `keep_w_t`: see product (false where nothing will run backward: under no_grad).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList weights,
-                               at::TensorList biases) {
+                               at::TensorList biases, bool keep_w_t) {
     const torch::Tensor w = stacked(weights.vec());
     const torch::Tensor b = biases.empty() ? torch::Tensor() : stacked(biases.vec());
     ctx->save_for_backward({x});
@@ -390,7 +391,7 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
     ctx->saved_data["weights"] = weights.vec();  // the parameters themselves, for their .grad
     ctx->saved_data["biases"] = static_cast<int64_t>(biases.size());
     Fp8Scales scales;
-    const torch::Tensor y = product(x, w, b, &scales, keeps_w_t(weights.vec()));
+    const torch::Tensor y = product(x, w, b, &scales, keep_w_t);
     ctx->saved_data["x_scale"] = scales.x;
     ctx->saved_data["w_scale"] = scales.w;
     ctx->saved_data["w_t"] = scales.w_t;
@@ -406,10 +407,11 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
                         Fp8Scales{ctx->saved_data["x_scale"].toTensor(), ctx->saved_data["w_scale"].toTensor(),
                                   ctx->saved_data["w_t"].toTensor()});
     ctx->saved_data["w_t"] = torch::Tensor();  // a second backward (retain_graph) casts again
-    // One gradient per input tensor, in order: x, then each weight, then each bias.
+    // One gradient per input, in order: x, then each weight, then each bias, then none for keep_w_t.
     variable_list out{g.dx};
     out.insert(out.end(), g.weights.begin(), g.weights.end());
     out.insert(out.end(), g.biases.begin(), g.biases.end());
+    out.emplace_back();
     return out;
   }
 };
@@ -646,7 +648,8 @@ torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& w
   if (weights.size() == 1 && !may_fuse) {
     return torch::linear(x, weights[0], biases.empty() ? torch::Tensor() : biases[0]);
   }
-  return StackedLinearFunction::apply(x, at::TensorList(weights), at::TensorList(biases));
+  return StackedLinearFunction::apply(x, at::TensorList(weights), at::TensorList(biases),
+                                      torch::GradMode::is_enabled() && keeps_w_t(weights));
 }
 
 }  // namespace trainer::ops

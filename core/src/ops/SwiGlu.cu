@@ -136,13 +136,14 @@ __global__ void __launch_bounds__(kTileThreads)
 // swiglu_backward_kernel and swiglu_fp8_transposed_kernel in one pass
 // (Fp8Tile.cuh): from a gate, an up and an output-gradient chunk, the
 // gradient chunks go to d_gate_up (their amax gathered as
-// swiglu_backward_kernel gathers it) and the forward's values to the cast.
+// swiglu_backward_kernel gathers it, with Amax) and the forward's values to
+// the cast.
+template <bool Amax>
 struct SwiGluGradientChunks {
   const __nv_bfloat16* gate_up;
   const __nv_bfloat16* d_out;
   __nv_bfloat16* d_gate_up;
   int64_t width;
-  bool amax = false;
   float mine = 0.0f;
   bool nan = false;
   struct Raw {
@@ -162,7 +163,7 @@ struct SwiGluGradientChunks {
     for (int k = 0; k < 8; ++k) {
       v[k] = __bfloat162float(__float2bfloat16(swiglu_value(g[k], u[k])));
       swiglu_gradients(g[k], u[k], d[k], &dg[k], &du[k]);
-      if (amax) {
+      if (Amax) {
         track(load(&dg[k]), mine, nan);
         track(load(&du[k]), mine, nan);
       }
@@ -173,14 +174,15 @@ struct SwiGluGradientChunks {
   }
 };
 
+template <bool Amax>
 __global__ void __launch_bounds__(kTileThreads)
     swiglu_backward_fp8_transposed_kernel(const __nv_bfloat16* gate_up, const __nv_bfloat16* d_out,
                                           __nv_bfloat16* d_gate_up, int64_t rows, int64_t width,
                                           const float* inverse_scale, uint8_t* out_t, unsigned* amax_bits) {
   const float scale = 1.0f / *inverse_scale;
-  SwiGluGradientChunks loader{gate_up, d_out, d_gate_up, width, amax_bits != nullptr};
+  SwiGluGradientChunks<Amax> loader{gate_up, d_out, d_gate_up, width};
   cast_tile_transposed<4>(loader, rows, width, scale, __NV_E4M3, out_t, nullptr);
-  if (amax_bits != nullptr) block_amax(loader.mine, loader.nan, amax_bits);
+  if (Amax) block_amax(loader.mine, loader.nan, amax_bits);
 }
 
 constexpr unsigned kThreads = 128;
@@ -255,7 +257,9 @@ bool swiglu_backward_fp8_transposed(const void* gate_up, const void* d_out, void
   unsigned* amax_bits = reinterpret_cast<unsigned*>(amax);
   if (amax_bits != nullptr) cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream);
   if (rows == 0 || width == 0) return true;
-  swiglu_backward_fp8_transposed_kernel<<<transposed_tile_grid(rows, width), kTileThreads, 0, stream>>>(
+  const auto kernel =
+      amax_bits != nullptr ? swiglu_backward_fp8_transposed_kernel<true> : swiglu_backward_fp8_transposed_kernel<false>;
+  kernel<<<transposed_tile_grid(rows, width), kTileThreads, 0, stream>>>(
       static_cast<const __nv_bfloat16*>(gate_up), static_cast<const __nv_bfloat16*>(d_out),
       static_cast<__nv_bfloat16*>(d_gate_up), rows, width, inverse_scale, static_cast<uint8_t*>(out_t), amax_bits);
   return true;
