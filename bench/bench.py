@@ -167,6 +167,11 @@ interval = 5
     # The profiled steps are timed too: leave them out with the warm-up.
     skip = args.warmup + (2 if args.profile else 0)
     seconds = sum(r["step_seconds"] for r in rows[skip:])
+    timed = len(rows[skip:])
+    if timed:  # the host's collation inside each timed step, beside the step itself
+        data = sum(r.get("data_seconds", 0.0) for r in rows[skip:])
+        print(f"{name}: {seconds / timed * 1e3:.2f} ms a step, of which collating the batch {data / timed * 1e3:.3f} ms",
+              file=sys.stderr)
     return sum(r["input_tokens"] for r in rows[skip:]) / seconds, peak, rows[-1]["loss"], allocator
 
 

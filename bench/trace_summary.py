@@ -82,6 +82,11 @@ def main():
     print(f"top {args.top} kernels (ms per step, calls per step, mean us):")
     for name, (dur, count) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[: args.top]:
         print(f"  {dur / n / 1e3:8.2f} {count / n:6.0f} {dur / count:9.1f}  {short(name)}")
+    bins = [(0, 5), (5, 20), (20, 100), (100, 1000), (1000, float("inf"))]
+    print("idle by gap length (us: ms per step, gaps per step):")
+    for low, high in bins:
+        inside = [g[0] for g in gaps if low <= g[0] < high]
+        print(f"  [{low}, {high}) {sum(inside) / n / 1e3:8.3f} {len(inside) / n:7.0f}")
     gaps.sort(key=lambda g: -g[0])
     print(f"idle gaps: {len(gaps) / n:.0f} per step; the longest (us, kernel before -> after):")
     for gap, before, after in gaps[:10]:

@@ -16,6 +16,7 @@
 #include <torch/cuda.h>
 
 #include "gpu/GpuTestSupport.h"
+#include "run/DeviceStats.h"
 #include "trainer/ops/LinearCrossEntropy.h"
 #include "trainer/ops/Rotary.h"
 #include "trainer/ops/SwiGlu.h"
@@ -118,6 +119,36 @@ TEST(StreamsGpu, EveryKernelRunsOnTheCallersStream) {
         adamw_update(params, in[1], state, AdamWConfig{}, true, 1e-2, 1, 1.0, compute);
         return std::vector<torch::Tensor>{params, state.exp_avg, state.exp_avg_sq, compute};
       });
+}
+
+// The training loop's step clock: a mark is recorded on the caller's stream
+// and never waits for the device (the host launches the next step while
+// this one's kernels run), and the time between two marks is the device's:
+// here a stream held for at least 100 ms by the host shows as at least that.
+TEST(StreamsGpu, StepClockMarksDoNotWaitAndMeasureTheDevicesTimeline) {
+  REQUIRE_CUDA();
+  const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, kCuda.index());
+  const c10::cuda::CUDAStreamGuard on(stream);
+  const StepClock clock(kCuda);
+  g_open.store(false);
+  std::thread safety([] {  // an implementation that waits on the host would hang without it
+    for (int i = 0; i < 1000 && !g_open.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    g_open.store(true);
+  });
+  ASSERT_EQ(cudaLaunchHostFunc(stream.stream(), hold_stream, nullptr), cudaSuccess);
+  const torch::Tensor x = torch::ones({1 << 20}, torch::TensorOptions().device(kCuda));
+  const torch::Tensor y = x * 3;
+  const std::shared_ptr<const StepClock::Mark> after = clock.mark();
+  const bool held = !g_open.load() && !stream.query();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  g_open.store(true);
+  safety.join();
+  EXPECT_TRUE(held) << "mark() waited for the work queued before it";
+  const double seconds = StepClock::seconds_between(clock.origin(), *after);
+  EXPECT_TRUE(stream.query()) << "seconds_between() returned before its end mark was reached";
+  EXPECT_GE(seconds, 0.1);
+  EXPECT_LT(seconds, 30.0);
+  EXPECT_EQ(y.sum().item<double>(), 3.0 * (1 << 20));
 }
 
 }  // namespace

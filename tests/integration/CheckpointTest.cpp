@@ -195,5 +195,40 @@ TEST(Checkpoint, SigtermWritesACheckpointAndResumeMatches) {
   EXPECT_EQ(same.exit_code, 0) << same.output;
 }
 
+// One rank reads its stop flag without waiting for the device, and a step's
+// record waits for the step's time: the stop still checkpoints the step in
+// flight and logs every step up to it, in order.
+TEST(Checkpoint, SigtermAtOneRankCheckpointsAndLogsEveryStepBeforeIt) {
+  const std::string dir = scratch_dir("CkSigtermOne");
+  const std::string out = "run.output_dir=" + dir;
+  const pid_t run = fork();
+  if (run == 0) {
+    const int fd = open((dir + "/log.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl(TRAINER_BINARY, TRAINER_BINARY, "run", kQuickstart.c_str(), "--set", out.c_str(), "--set",
+          "training.steps=100000", "--set", "lr_schedule.name=constant", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_file(dir + "/metrics.jsonl").size() < 400 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(run, SIGTERM);
+  int status = 0;
+  waitpid(run, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 75) << read_file(dir + "/log.txt");
+  std::string checkpoint;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/checkpoints")) {
+    if (entry.path().filename().string().rfind("step-", 0) == 0) checkpoint = entry.path().string();
+  }
+  ASSERT_FALSE(checkpoint.empty()) << read_file(dir + "/log.txt");
+  const int64_t stopped = json_parse(read_file(checkpoint + "/manifest.json")).at("step").get<int64_t>();
+  const std::vector<MetricsRow> rows = read_metrics(dir + "/metrics.jsonl");
+  ASSERT_EQ(static_cast<int64_t>(rows.size()), stopped) << read_file(dir + "/log.txt");
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i].at("step"), static_cast<double>(i + 1));
+}
+
 }  // namespace
 }  // namespace trainer

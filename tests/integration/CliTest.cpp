@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <regex>
 
 #include <gtest/gtest.h>
 
@@ -387,6 +388,17 @@ TEST(Cli, NonFiniteGradientFailsWithOneOrIsSkipped) {
   const CommandResult failed = trainer(args);
   EXPECT_EQ(failed.exit_code, 1) << failed.output;
   EXPECT_TRUE(contains(failed, "non-finite")) << failed.output;
+  // Every step before the failing one is in the metrics: a step's record
+  // waits for its time until the next step has reduced, and an error in that
+  // step must not lose it.
+  const std::regex failing("step ([0-9]+): non-finite");
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(failed.output, match, failing)) << failed.output;
+  const int64_t failed_at = std::stoll(match[1].str());
+  ASSERT_GE(failed_at, 2) << failed.output;
+  const std::vector<MetricsRow> before = read_metrics(dir + "/metrics.jsonl");
+  ASSERT_EQ(static_cast<int64_t>(before.size()), failed_at - 1) << failed.output;
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(before[i].at("step"), static_cast<double>(i + 1));
   const CommandResult skipped = trainer(args + " --set training.on_nonfinite=skip");
   ASSERT_EQ(skipped.exit_code, 0) << skipped.output;
   const std::vector<MetricsRow> rows = read_metrics(dir + "/metrics.jsonl");

@@ -26,6 +26,7 @@
 
 #ifdef TRAINER_CUDA_KERNELS
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
@@ -255,6 +256,39 @@ StepProfiler::StepProfiler(int64_t first, int64_t count, std::string path, const
 
 StepProfiler::~StepProfiler() {
   if (recording_) torch::autograd::profiler::disableProfiler();  // a step threw: nothing to write
+}
+
+struct StepClock::Mark {
+  std::chrono::steady_clock::time_point host;
+#ifdef TRAINER_CUDA_KERNELS
+  std::unique_ptr<at::cuda::CUDAEvent> event;  // with timing; null on the CPU
+#endif
+};
+
+StepClock::StepClock(const torch::Device& device) : device_(device), origin_(mark()) {}
+StepClock::~StepClock() = default;
+
+std::shared_ptr<const StepClock::Mark> StepClock::mark() const {
+  auto mark = std::make_shared<Mark>();
+#ifdef TRAINER_CUDA_KERNELS
+  if (device_.is_cuda()) {
+    mark->event = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);
+    mark->event->record(at::cuda::getCurrentCUDAStream(initialised_index(device_)));
+    return mark;
+  }
+#endif
+  mark->host = std::chrono::steady_clock::now();
+  return mark;
+}
+
+double StepClock::seconds_between(const Mark& from, const Mark& to) {
+#ifdef TRAINER_CUDA_KERNELS
+  if (to.event) {
+    to.event->synchronize();
+    return static_cast<double>(from.event->elapsed_time(*to.event)) / 1e3;
+  }
+#endif
+  return std::chrono::duration<double>(to.host - from.host).count();
 }
 
 void StepProfiler::step_begins(int64_t step) {

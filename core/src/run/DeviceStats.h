@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <torch/types.h>
@@ -41,6 +42,33 @@ void reset_memory_peaks(const torch::Device& device);
 
 /// The peaks since the last reset on CUDA; the current resident set on the CPU.
 MemoryPeaks memory_peaks(const torch::Device& device);
+
+/// Where each step's time is read: the device's own timeline. On CUDA a
+/// mark is an event recorded on the current stream, reached when the work
+/// launched before it has run, so the host may launch the next step while
+/// the device still runs this one and a step still lasts from the moment
+/// the device could start its work to the end of its last kernel: idle time
+/// inside a step counts, the host's time between steps (logging,
+/// checkpoints) does not. On the CPU, where every operation has finished
+/// when it returns, a mark is the host clock.
+class StepClock {
+ public:
+  struct Mark;                                      ///< one instant (DeviceStats.cpp)
+  explicit StepClock(const torch::Device& device);  ///< marks the run's start
+  ~StepClock();
+  StepClock(const StepClock&) = delete;
+  StepClock& operator=(const StepClock&) = delete;
+  /// Now on the device's timeline: after all the work launched so far.
+  std::shared_ptr<const Mark> mark() const;
+  const Mark& origin() const { return *origin_; }
+  /// Seconds from `from` to `to` (marked after it); waits until the device
+  /// has reached `to`.
+  static double seconds_between(const Mark& from, const Mark& to);
+
+ private:
+  torch::Device device_;
+  std::shared_ptr<const Mark> origin_;
+};
 
 /// Dense matmul rate in FLOP/s on `device` in `dtype`: the median of timed
 /// 8192^3 products; 0 on the CPU (not measured: give run.peak_tflops).

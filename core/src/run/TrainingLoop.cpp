@@ -281,14 +281,58 @@ StepRecord step_record(const StepOutcome& outcome, double step_seconds, double e
   return record;
 }
 
-// Every rank stops at the same step: the signal may reach them apart.
-// Reading the flag waits for the step's last kernel (the update), so a
-// step's time ends with the device's work, not only the host's launches.
+// Every rank stops at the same step: the signal may reach them apart, so
+// several ranks sum their flags (a collective, and a wait for the step's
+// last kernel). One rank reads its own flag and does not wait: the host
+// goes on to launch the next step while the device runs this one's update.
 bool agree_to_stop(RunParts& run) {
+  if (run.comm->world_size() == 1) return g_stop_signal.load() != 0;
   torch::Tensor stop = torch::tensor({static_cast<int64_t>(g_stop_signal.load())}, torch::kInt64).to(run.device);
-  if (run.comm->world_size() > 1) run.comm->all_reduce_sum(stop);
+  run.comm->all_reduce_sum(stop);
   return stop.item<int64_t>() != 0;
 }
+
+// A step's record waits for its time: the device reaches the step's end
+// mark after the host has gone on, so the record is logged once the next
+// step has waited for its own reduction (by then the mark is behind it),
+// or before a checkpoint, a stop, an error or the run's end.
+class PendingRecord {
+ public:
+  PendingRecord(LoggerSet& loggers, const StepClock& clock, const RunInfo& info)
+      : loggers_(loggers), clock_(clock), info_(info) {}
+  void hold(const StepOutcome& outcome, const MemoryPeaks& peaks, std::shared_ptr<const StepClock::Mark> begin,
+            std::shared_ptr<const StepClock::Mark> end) {
+    flush();
+    held_ = Held{outcome, peaks, std::move(begin), std::move(end)};
+  }
+  void flush() {
+    if (!held_) return;
+    const Held held = std::move(*held_);
+    held_.reset();
+    loggers_.log(step_record(held.outcome, StepClock::seconds_between(*held.begin, *held.end),
+                             StepClock::seconds_between(clock_.origin(), *held.end), info_, held.peaks));
+  }
+  // On an error's way out: the record is kept if the device can still say
+  // when the step ended; the error in flight is the one reported.
+  void flush_on_error() noexcept {
+    try {
+      flush();
+    } catch (const std::exception& error) {
+      log::error(fmt::format("step {}'s record was not logged: {}", held_ ? held_->outcome.step : 0, error.what()));
+    }
+  }
+
+ private:
+  struct Held {
+    StepOutcome outcome;
+    MemoryPeaks peaks;
+    std::shared_ptr<const StepClock::Mark> begin, end;
+  };
+  LoggerSet& loggers_;
+  const StepClock& clock_;
+  const RunInfo& info_;
+  std::optional<Held> held_;
+};
 
 }  // namespace
 
@@ -353,38 +397,43 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
                         (fs::path(context.output_dir) / "profile" / "trace.json").string(), run.device);
 
   // The steps: update, agree on stopping, record, checkpoint.
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point run_start = Clock::now();
+  StepClock clock(run.device);
+  PendingRecord record(loggers, clock, info);
   int64_t applied_updates = position.applied_updates;  // Adam's step count: once per applied optimizer step
-  for (int64_t step = position.step; step < config.steps; ++step) {
-    profiler.step_begins(step + 1);
-    const Clock::time_point step_start = Clock::now();
-    reset_memory_peaks(run.device);
-    const StepOutcome outcome = optimizer_step(run, sampler, config.update, step, applied_updates);
-    const bool stopping = agree_to_stop(run);
-    const Clock::time_point step_end = Clock::now();
-    if (step == position.step) {  // outside the step's time: settling waits
-      run.measured_step_peak_bytes = peak_live_bytes(run.device) - run.memory_baseline;
-      run.measured_after_step_bytes = settled_live_bytes(run.device) - run.memory_baseline;
-    }
-    profiler.step_ended(step + 1);
-    loggers.log(step_record(outcome, std::chrono::duration<double>(step_end - step_start).count(),
-                            std::chrono::duration<double>(step_end - run_start).count(), info,
-                            memory_peaks(run.device)));
-    inject_stop(step + 1);
+  try {
+    for (int64_t step = position.step; step < config.steps; ++step) {
+      profiler.step_begins(step + 1);
+      reset_memory_peaks(run.device);
+      std::shared_ptr<const StepClock::Mark> begin = clock.mark();
+      const StepOutcome outcome = optimizer_step(run, sampler, config.update, step, applied_updates);
+      record.flush();  // the previous step's: the device has passed its end
+      record.hold(outcome, memory_peaks(run.device), std::move(begin), clock.mark());
+      const bool stopping = agree_to_stop(run);
+      if (step == position.step) {  // outside the step's time: settling waits
+        run.measured_step_peak_bytes = peak_live_bytes(run.device) - run.memory_baseline;
+        run.measured_after_step_bytes = settled_live_bytes(run.device) - run.memory_baseline;
+      }
+      profiler.step_ended(step + 1);
+      inject_stop(step + 1);
 
-    if ((policy.interval > 0 && (step + 1) % policy.interval == 0) || stopping) {
-      const TrainingPosition here{step + 1, applied_updates,
-                                  run.exact ? run.exact->exponents() : std::vector<int64_t>{}};
-      const std::string dir = checkpointer.save(*run.strategy, *run.model, *run.comm, here);
-      log::info(fmt::format("checkpoint {} written", dir));
+      if ((policy.interval > 0 && (step + 1) % policy.interval == 0) || stopping) {
+        record.flush();
+        const TrainingPosition here{step + 1, applied_updates,
+                                    run.exact ? run.exact->exponents() : std::vector<int64_t>{}};
+        const std::string dir = checkpointer.save(*run.strategy, *run.model, *run.comm, here);
+        log::info(fmt::format("checkpoint {} written", dir));
+      }
+      if (stopping) {
+        throw Preempted(
+            fmt::format("stopped by a signal after step {}; the checkpoint resumes with "
+                        "--set checkpoint.resume=auto",
+                        step + 1));
+      }
     }
-    if (stopping) {
-      throw Preempted(
-          fmt::format("stopped by a signal after step {}; the checkpoint resumes with "
-                      "--set checkpoint.resume=auto",
-                      step + 1));
-    }
+    record.flush();
+  } catch (...) {
+    record.flush_on_error();
+    throw;
   }
   write_memory_report(*run.strategy, *run.comm, run.device, out / "memory.json", run.writer,
                       {run.measured_setup_bytes, run.measured_after_step_bytes, run.measured_step_peak_bytes});
