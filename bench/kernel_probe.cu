@@ -102,6 +102,9 @@ int main() {
          [&] { k::swiglu_forward(k::Dtype::BFloat16, gate_up, y, tokens, s.intermediate, nullptr, stream); });
     time(s.name, "swiglu_backward", 10.0 * i,
          [&] { k::swiglu_backward(k::Dtype::BFloat16, gate_up, d_out, dx, tokens, s.intermediate, nullptr, stream); });
+    time(s.name, "swiglu_backward + forward's value (bf16 backward)", 12.0 * i, [&] {
+      k::swiglu_backward(k::Dtype::BFloat16, gate_up, d_out, dx, tokens, s.intermediate, nullptr, stream, y);
+    });
     time(s.name, "swiglu_fp8_transposed", 5.0 * i,
          [&] { k::swiglu_fp8_transposed(gate_up, tokens, s.intermediate, inverse_scale, fp8_t, stream); });
     time(s.name, "swiglu_backward_fp8_transposed (the two above)", 11.0 * i, [&] {

@@ -127,8 +127,12 @@ torch::Tensor take_fp8_amax(const torch::Tensor& t);
 
 /// The gradient of swiglu (CUDA kernels) with respect to its input
 /// `gate_up` for the output gradient `d_out`, as swiglu's backward computes
-/// it (offering its amax as that does).
-torch::Tensor swiglu_gradient(const torch::Tensor& gate_up, const torch::Tensor& d_out);
+/// it (offering its amax as that does). Given `value` (contiguous, half of
+/// gate_up's elements, its dtype), the same pass writes swiglu's output
+/// there, the forward's bits: a backward that needs the output again reads
+/// gate_up once.
+torch::Tensor swiglu_gradient(const torch::Tensor& gate_up, const torch::Tensor& d_out,
+                              const torch::Tensor& value = torch::Tensor());
 
 /// Where the linear layers run in FP8 and the values are bf16, a device
 /// float for a kernel's amax of what it writes (offered to the FP8 cast

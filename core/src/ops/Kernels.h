@@ -33,9 +33,10 @@ void swiglu_forward(Dtype dtype, const void* gate_up, void* out, int64_t rows, i
                     cudaStream_t stream);
 
 /// Gradient of swiglu_forward into d_gate_up ([rows, 2 * width]) from d_out and the saved input;
-/// `amax` as swiglu_forward's, over d_gate_up.
+/// `amax` as swiglu_forward's, over d_gate_up. With `out` ([rows, width]), the same pass also
+/// writes swiglu_forward's output there, bit for bit.
 void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows, int64_t width,
-                     float* amax, cudaStream_t stream);
+                     float* amax, cudaStream_t stream, void* out = nullptr);
 
 /// SwiGLU's output of bf16 `gate_up` ([rows, 2 * width]) as swiglu_forward
 /// writes it, cast to E4M3 with the scale 1 / *inverse_scale (a device

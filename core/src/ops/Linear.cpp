@@ -339,10 +339,13 @@ struct LinearGrads {
 // `x_t`: x's transposed FP8 cast, made by the caller where the backward
 // runs in FP8 (fp8_backward_applies); x is then not read and may be
 // undefined. `x_t_from_dx`: the same, made from dx (see fp8_backward).
+// `x_from_dx`: outside FP8, where x is undefined, x itself made from dx
+// (between the input- and the weight-gradient GEMMs; see swiglu_backward_bf16).
 LinearGrads linear_backward(const torch::Tensor& dy_in, const torch::Tensor& x, const torch::Tensor& w,
                             const std::vector<torch::Tensor>& weights, bool with_bias, bool need_dx,
                             const Fp8Scales& scales, const torch::Tensor& x_t = torch::Tensor(),
-                            const TransposedFromDx& x_t_from_dx = nullptr) {
+                            const TransposedFromDx& x_t_from_dx = nullptr,
+                            const TransposedFromDx& x_from_dx = nullptr) {
   LinearGrads out;
   const torch::Tensor dy = dy_in.reshape({-1, w.size(0)});
   std::vector<int64_t> x_sizes = dy_in.sizes().vec();  // x's: y = x W^T has x's leading dimensions
@@ -356,9 +359,11 @@ LinearGrads linear_backward(const torch::Tensor& dy_in, const torch::Tensor& x, 
     if (need_dx) out.dx = g.dx.view(x_sizes);
     dw = g.dw;  // undefined when added into `into`
   } else {
-    TORCH_CHECK(x.defined(), "linear backward: the input was not kept for a product outside FP8");
-    const torch::Tensor x2 = x.reshape({-1, w.size(1)});
+    TORCH_CHECK(x.defined() || (need_dx && x_from_dx),
+                "linear backward: the input was not kept for a product "
+                "outside FP8");
     if (need_dx) out.dx = dy.mm(w).view(x_sizes);
+    const torch::Tensor x2 = (x.defined() ? x : x_from_dx(out.dx)).reshape({-1, w.size(1)});
     if (into.defined()) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
       torch::NoGradGuard no_grad;
@@ -446,6 +451,7 @@ class LinearOfBackward final : public torch::autograd::Node {
     const torch::Tensor s_saved = s_.unpack();
     torch::autograd::variable_list fused;
     if (known_.kind == KnownInput::Kind::swiglu && swiglu_fp8_backward(s_saved, grads[0], &fused)) return fused;
+    if (known_.kind == KnownInput::Kind::swiglu && swiglu_backward_bf16(s_saved, grads[0], &fused)) return fused;
     if (known_.kind == KnownInput::Kind::rms_norm && known_.rstd.defined()) return norm_backward(s_saved, grads[0]);
     const torch::Tensor s = s_saved.detach().requires_grad_(s_saved.requires_grad());
     std::vector<torch::Tensor> params;
@@ -511,6 +517,42 @@ class LinearOfBackward final : public torch::autograd::Node {
       check_launch("swiglu_fp8_transposed");
       g = linear_backward(dy, torch::Tensor(), w_, weights_, with_bias_, /*need_dx=*/false, scales_, x_t);
     }
+    out->push_back(ds);
+    out->insert(out->end(), g.weights.begin(), g.weights.end());
+    out->insert(out->end(), g.biases.begin(), g.biases.end());
+    return true;
+#else
+    (void)s_saved, (void)dy, (void)out;
+    return false;
+#endif
+  }
+
+  // The backward where f is swiglu and the product runs outside FP8 on the
+  // project's kernels: the input-gradient GEMM first, then one kernel reads
+  // s and that gradient once and writes s's gradient and f's output (the
+  // forward's bits), which the weight-gradient GEMM reads; the general path
+  // reads s twice (f again, then its backward) and runs autograd between.
+  // The same kernels' bits (OpsGpu.SwiGluLinearGivesTheBitsOfLinearOf).
+  // False, having done nothing, where the general path is to run.
+  bool swiglu_backward_bf16(const torch::Tensor& s_saved, const torch::Tensor& dy,
+                            torch::autograd::variable_list* out) {
+#ifdef TRAINER_CUDA_KERNELS
+    const int64_t width = w_.size(1);
+    if (!s_saved.requires_grad() || !use_kernels(s_saved) || s_saved.size(-1) != 2 * width ||
+        s_saved.scalar_type() != w_.scalar_type() || fp8_backward_applies(dy.reshape({-1, w_.size(0)}), w_, scales_)) {
+      return false;
+    }
+    const torch::Tensor gate_up = s_saved.detach().contiguous();
+    std::vector<int64_t> sizes = gate_up.sizes().vec();
+    sizes.back() = width;
+    torch::Tensor h = torch::empty(sizes, gate_up.options());
+    torch::Tensor ds;
+    const TransposedFromDx fused = [&](const torch::Tensor& dh) {
+      ds = swiglu_gradient(gate_up, dh, h);
+      return h;
+    };
+    LinearGrads g = linear_backward(dy, torch::Tensor(), w_, weights_, with_bias_, /*need_dx=*/true, scales_,
+                                    torch::Tensor(), nullptr, fused);
     out->push_back(ds);
     out->insert(out->end(), g.weights.begin(), g.weights.end());
     out->insert(out->end(), g.biases.begin(), g.biases.end());

@@ -40,16 +40,23 @@ struct SwiGluFunction : torch::autograd::Function<SwiGluFunction> {
 }  // namespace
 
 #ifdef TRAINER_CUDA_KERNELS
-torch::Tensor swiglu_gradient(const torch::Tensor& gate_up_in, const torch::Tensor& d_out_in) {
+torch::Tensor swiglu_gradient(const torch::Tensor& gate_up_in, const torch::Tensor& d_out_in,
+                              const torch::Tensor& value) {
   const torch::Tensor gate_up = gate_up_in.contiguous();
   const torch::Tensor d_out = d_out_in.contiguous();
   const int64_t width = gate_up.size(-1) / 2;
   torch::Tensor d_gate_up = torch::empty_like(gate_up);
   const torch::Tensor amax = fp8_amax_buffer(gate_up);
+  if (value.defined()) {
+    TORCH_CHECK(value.is_contiguous() && value.scalar_type() == gate_up.scalar_type() &&
+                    value.numel() == gate_up.numel() / 2 && value.device() == gate_up.device(),
+                "swiglu_gradient: the forward's value wants a contiguous tensor of half gate_up's elements, got ",
+                value.sizes(), " ", value.scalar_type());
+  }
   const KernelLaunch launch("swiglu_backward", {gate_up, d_out, d_gate_up});
   kernels::swiglu_backward(kernel_dtype(gate_up), gate_up.data_ptr(), d_out.data_ptr(), d_gate_up.data_ptr(),
                            gate_up.numel() / (2 * width), width, amax.defined() ? amax.data_ptr<float>() : nullptr,
-                           launch.stream());
+                           launch.stream(), value.defined() ? value.data_ptr() : nullptr);
   check_launch("swiglu_backward");
   if (amax.defined()) offer_fp8_amax(d_gate_up, amax);  // the gate/up projection's gradient cast reads it next
   return d_gate_up;

@@ -72,9 +72,12 @@ __global__ void swiglu_forward_kernel(const T* gate_up, T* out, int64_t rows, in
   if (amax_bits != nullptr) block_amax(mine, nan, amax_bits);
 }
 
-template <typename T, int N>
-__global__ void swiglu_backward_kernel(const T* gate_up, const T* d_out, T* d_gate_up, int64_t rows, int64_t width,
-                                       unsigned* amax_bits) {
+// Value: also writes the forward's output into `out` (as
+// swiglu_forward_kernel stores it), for a backward that needs it next (the
+// down projection's weight gradient) instead of a second read of gate_up.
+template <typename T, int N, bool Value>
+__global__ void swiglu_backward_kernel(const T* gate_up, const T* d_out, T* d_gate_up, T* out, int64_t rows,
+                                       int64_t width, unsigned* amax_bits) {
   using A = typename Acc<T>::type;
   using P = Pack<T, N>;
   const int64_t packs = width / N;
@@ -86,12 +89,14 @@ __global__ void swiglu_backward_kernel(const T* gate_up, const T* d_out, T* d_ga
     const P* dy = reinterpret_cast<const P*>(d_out + row * width);
     P* d_gate = reinterpret_cast<P*>(d_gate_up + row * 2 * width);
     P* d_up = reinterpret_cast<P*>(d_gate_up + row * 2 * width + width);
+    P* y = Value ? reinterpret_cast<P*>(out + row * width) : nullptr;
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < packs; i += int64_t(gridDim.x) * blockDim.x) {
       const P g = gate[i], u = up[i], d = dy[i];
-      P dg, du;
+      P dg, du, r;
 #pragma unroll
       for (int j = 0; j < N; ++j) {
         swiglu_gradients(load(&g.v[j]), load(&u.v[j]), load(&d.v[j]), &dg.v[j], &du.v[j]);
+        if (Value) store(&r.v[j], swiglu_value(load(&g.v[j]), load(&u.v[j])));
         if (amax_bits != nullptr) {
           track(load(&dg.v[j]), mine, nan);
           track(load(&du.v[j]), mine, nan);
@@ -99,6 +104,7 @@ __global__ void swiglu_backward_kernel(const T* gate_up, const T* d_out, T* d_ga
       }
       d_gate[i] = dg;
       d_up[i] = du;
+      if (Value) y[i] = r;
     }
   }
   if (amax_bits != nullptr) block_amax(mine, nan, amax_bits);
@@ -221,7 +227,7 @@ void swiglu_forward(Dtype dtype, const void* gate_up, void* out, int64_t rows, i
 }
 
 void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* d_gate_up, int64_t rows, int64_t width,
-                     float* amax, cudaStream_t stream) {
+                     float* amax, cudaStream_t stream, void* out) {
   unsigned* amax_bits = reinterpret_cast<unsigned*>(amax);
   if (amax_bits != nullptr) cudaMemsetAsync(amax_bits, 0, sizeof(unsigned), stream);
   dispatch(dtype, [&](auto* tag) {
@@ -230,12 +236,16 @@ void swiglu_backward(Dtype dtype, const void* gate_up, const void* d_out, void* 
     const auto* in = static_cast<const T*>(gate_up);
     const auto* dy = static_cast<const T*>(d_out);
     auto* d_in = static_cast<T*>(d_gate_up);
-    if (width % N == 0 && aligned(in, 16) && aligned(dy, 16) && aligned(d_in, 16)) {
-      swiglu_backward_kernel<T, N><<<grid_for(rows, width / N, amax_bits != nullptr), kThreads, 0, stream>>>(
-          in, dy, d_in, rows, width, amax_bits);
+    auto* y = static_cast<T*>(out);
+    const bool vector =
+        width % N == 0 && aligned(in, 16) && aligned(dy, 16) && aligned(d_in, 16) && (y == nullptr || aligned(y, 16));
+    const dim3 grid = grid_for(rows, vector ? width / N : width, amax_bits != nullptr);
+    if (vector) {
+      const auto kernel = y != nullptr ? swiglu_backward_kernel<T, N, true> : swiglu_backward_kernel<T, N, false>;
+      kernel<<<grid, kThreads, 0, stream>>>(in, dy, d_in, y, rows, width, amax_bits);
     } else {
-      swiglu_backward_kernel<T, 1>
-          <<<grid_for(rows, width, amax_bits != nullptr), kThreads, 0, stream>>>(in, dy, d_in, rows, width, amax_bits);
+      const auto kernel = y != nullptr ? swiglu_backward_kernel<T, 1, true> : swiglu_backward_kernel<T, 1, false>;
+      kernel<<<grid, kThreads, 0, stream>>>(in, dy, d_in, y, rows, width, amax_bits);
     }
   });
 }
