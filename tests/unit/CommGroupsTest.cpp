@@ -22,7 +22,11 @@ namespace {
 constexpr int kWorld = 4;
 
 // Runs `body(rank, comm)` on kWorld threads, each with a gloo comm joined
-// through one in-process store; failures are collected per rank.
+// through one in-process store; failures are collected per rank. Barriers
+// before and after the body: a rank whose body fails at once (a refused
+// argument) would otherwise close its connections while a peer is still
+// making or using them, and that peer would report the broken connection
+// instead of its own result.
 template <class Body>
 std::vector<std::string> on_every_rank(Body body) {
   PluginRegistry registry;
@@ -36,9 +40,15 @@ std::vector<std::string> on_every_rank(Body body) {
       try {
         std::unique_ptr<Comm> comm = PluginRegistry::create<Comm>(gloo, Options(), Context{});
         comm->connect(CommSetup{store, rank, kWorld, std::chrono::milliseconds(60000), torch::kCPU});
-        body(rank, *comm);
+        comm->barrier();
+        try {
+          body(rank, *comm);
+        } catch (const std::exception& error) {
+          failures[rank] = error.what();
+        }
+        comm->barrier();
       } catch (const std::exception& error) {
-        failures[rank] = error.what();
+        failures[rank] += std::string(failures[rank].empty() ? "" : "; then ") + error.what();
       }
     });
   }
