@@ -155,34 +155,52 @@ TEST(Checkpoint, CorruptShardIsNamedAndAutoFallsBack) {
       << fallback.output;
 }
 
-TEST(Checkpoint, SigtermWritesACheckpointAndResumeMatches) {
-  const std::string dir = scratch_dir("CkSigterm");
-  const std::string out = "run.output_dir=" + dir;
-  const pid_t launcher = fork();
-  if (launcher == 0) {
+// Starts `trainer run quickstart` with `args` (and an endless step count)
+// writing into `dir`, sends SIGTERM once metrics.jsonl holds a few steps,
+// and returns the step of the checkpoint it wrote; the exit status must be
+// 75 (stopped, resumable). -1 where no checkpoint was written.
+int64_t stop_with_sigterm(const std::string& dir, const std::vector<std::string>& args) {
+  std::vector<std::string> words{TRAINER_BINARY,
+                                 "run",
+                                 kQuickstart,
+                                 "--set",
+                                 "run.output_dir=" + dir,
+                                 "--set",
+                                 "training.steps=100000",
+                                 "--set",
+                                 "lr_schedule.name=constant"};
+  words.insert(words.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& word : words) argv.push_back(word.data());
+  argv.push_back(nullptr);
+  const pid_t run = fork();
+  if (run == 0) {
     const int fd = open((dir + "/log.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
-    execl(TRAINER_BINARY, TRAINER_BINARY, "run", kQuickstart.c_str(), "--nproc", "2", "--set", out.c_str(), "--set",
-          "training.micro_batch_size=4", "--set", "training.steps=100000", "--set", "lr_schedule.name=constant",
-          static_cast<char*>(nullptr));
+    execv(TRAINER_BINARY, argv.data());
     _exit(127);
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (read_file(dir + "/metrics.jsonl").size() < 400 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  kill(launcher, SIGTERM);
+  kill(run, SIGTERM);
   int status = 0;
-  waitpid(launcher, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status)) << status;
-  EXPECT_EQ(WEXITSTATUS(status), 75) << read_file(dir + "/log.txt");
+  waitpid(run, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 75) << status << "\n" << read_file(dir + "/log.txt");
   std::string checkpoint;
   for (const auto& entry : std::filesystem::directory_iterator(dir + "/checkpoints")) {
     if (entry.path().filename().string().rfind("step-", 0) == 0) checkpoint = entry.path().string();
   }
-  ASSERT_FALSE(checkpoint.empty());
-  const int64_t stopped = json_parse(read_file(checkpoint + "/manifest.json")).at("step").get<int64_t>();
+  if (checkpoint.empty()) return -1;
+  return json_parse(read_file(checkpoint + "/manifest.json")).at("step").get<int64_t>();
+}
+
+TEST(Checkpoint, SigtermWritesACheckpointAndResumeMatches) {
+  const std::string dir = scratch_dir("CkSigterm");
+  const int64_t stopped = stop_with_sigterm(dir, {"--nproc", "2", "--set", "training.micro_batch_size=4"});
+  ASSERT_GT(stopped, 0) << read_file(dir + "/log.txt");
   const std::string total = std::to_string(stopped + 3);
   run_ok(dir,
          "--set training.micro_batch_size=4 --nproc 2 --set lr_schedule.name=constant --set checkpoint.resume=auto "
@@ -200,31 +218,8 @@ TEST(Checkpoint, SigtermWritesACheckpointAndResumeMatches) {
 // flight and logs every step up to it, in order.
 TEST(Checkpoint, SigtermAtOneRankCheckpointsAndLogsEveryStepBeforeIt) {
   const std::string dir = scratch_dir("CkSigtermOne");
-  const std::string out = "run.output_dir=" + dir;
-  const pid_t run = fork();
-  if (run == 0) {
-    const int fd = open((dir + "/log.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execl(TRAINER_BINARY, TRAINER_BINARY, "run", kQuickstart.c_str(), "--set", out.c_str(), "--set",
-          "training.steps=100000", "--set", "lr_schedule.name=constant", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (read_file(dir + "/metrics.jsonl").size() < 400 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  kill(run, SIGTERM);
-  int status = 0;
-  waitpid(run, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status)) << status;
-  EXPECT_EQ(WEXITSTATUS(status), 75) << read_file(dir + "/log.txt");
-  std::string checkpoint;
-  for (const auto& entry : std::filesystem::directory_iterator(dir + "/checkpoints")) {
-    if (entry.path().filename().string().rfind("step-", 0) == 0) checkpoint = entry.path().string();
-  }
-  ASSERT_FALSE(checkpoint.empty()) << read_file(dir + "/log.txt");
-  const int64_t stopped = json_parse(read_file(checkpoint + "/manifest.json")).at("step").get<int64_t>();
+  const int64_t stopped = stop_with_sigterm(dir, {});
+  ASSERT_GT(stopped, 0) << read_file(dir + "/log.txt");
   const std::vector<MetricsRow> rows = read_metrics(dir + "/metrics.jsonl");
   ASSERT_EQ(static_cast<int64_t>(rows.size()), stopped) << read_file(dir + "/log.txt");
   for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i].at("step"), static_cast<double>(i + 1));
