@@ -26,6 +26,12 @@ __device__ inline A swiglu_value(A g, A u) {
   return g * sigmoid(g) * u;
 }
 
+// The forward's bf16 value as stored, read back as a float: what the
+// transposing casts read where swiglu_forward_kernel's output would be.
+__device__ inline float stored_swiglu_value(float g, float u) {
+  return __bfloat162float(__float2bfloat16(swiglu_value(g, u)));
+}
+
 // The backward's values, stored: every kernel that writes them computes
 // them here, so that they agree to the bit.
 template <typename A, typename T>
@@ -127,7 +133,7 @@ struct SwiGluChunks {
     float g[8], u[8];
     unpack(raw.gate, g);
     unpack(raw.up, u);
-    for (int k = 0; k < 8; ++k) v[k] = __bfloat162float(__float2bfloat16(swiglu_value(g[k], u[k])));
+    for (int k = 0; k < 8; ++k) v[k] = stored_swiglu_value(g[k], u[k]);
   }
 };
 
@@ -167,7 +173,7 @@ struct SwiGluGradientChunks {
     unpack(raw.d, d);
     alignas(16) __nv_bfloat16 dg[8], du[8];
     for (int k = 0; k < 8; ++k) {
-      v[k] = __bfloat162float(__float2bfloat16(swiglu_value(g[k], u[k])));
+      v[k] = stored_swiglu_value(g[k], u[k]);
       swiglu_gradients(g[k], u[k], d[k], &dg[k], &du[k]);
       if (Amax) {
         track(load(&dg[k]), mine, nan);
