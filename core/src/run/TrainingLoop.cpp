@@ -307,18 +307,20 @@ class PendingRecord {
   }
   void flush() {
     if (!held_) return;
-    const Held held = std::move(*held_);
-    held_.reset();
-    loggers_.log(step_record(held.outcome, StepClock::seconds_between(*held.begin, *held.end),
-                             StepClock::seconds_between(clock_.origin(), *held.end), info_, held.peaks));
+    const StepRecord record =
+        step_record(held_->outcome, StepClock::seconds_between(*held_->begin, *held_->end),
+                    StepClock::seconds_between(clock_.origin(), *held_->end), info_, held_->peaks);
+    held_.reset();  // before the loggers: a logger that fails does not get the record twice
+    loggers_.log(record);
   }
   // On an error's way out: the record is kept if the device can still say
   // when the step ended; the error in flight is the one reported.
   void flush_on_error() noexcept {
+    const int64_t step = held_ ? held_->outcome.step : 0;
     try {
       flush();
     } catch (const std::exception& error) {
-      log::error(fmt::format("step {}'s record was not logged: {}", held_ ? held_->outcome.step : 0, error.what()));
+      log::error(fmt::format("step {}'s record was not logged: {}", step, error.what()));
     }
   }
 
