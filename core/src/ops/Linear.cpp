@@ -332,6 +332,12 @@ struct LinearGrads {
   torch::autograd::variable_list weights, biases;
 };
 
+// A node's outputs end with the product's gradients: each weight's, then each bias's.
+void append_product_gradients(torch::autograd::variable_list& out, const LinearGrads& g) {
+  out.insert(out.end(), g.weights.begin(), g.weights.end());
+  out.insert(out.end(), g.biases.begin(), g.biases.end());
+}
+
 // `weights`: the stacked tensors themselves (their .grad may take the
 // weight gradient in place, see fused_gradient_target; their gradients are
 // then returned undefined, and autograd adds nothing).
@@ -414,8 +420,7 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
     ctx->saved_data["w_t"] = torch::Tensor();  // a second backward (retain_graph) casts again
     // One gradient per input, in order: x, then each weight, then each bias, then none for keep_w_t.
     variable_list out{g.dx};
-    out.insert(out.end(), g.weights.begin(), g.weights.end());
-    out.insert(out.end(), g.biases.begin(), g.biases.end());
+    append_product_gradients(out, g);
     out.emplace_back();
     return out;
   }
@@ -475,8 +480,7 @@ class LinearOfBackward final : public torch::autograd::Node {
     out.push_back(s.requires_grad() && next < through_f.size() ? through_f[next++] : torch::Tensor());
     for (size_t i = 0; i < params.size(); ++i)
       out.push_back(next < through_f.size() ? through_f[next++] : torch::Tensor());
-    out.insert(out.end(), g.weights.begin(), g.weights.end());
-    out.insert(out.end(), g.biases.begin(), g.biases.end());
+    append_product_gradients(out, g);
     return out;
   }
 
@@ -518,8 +522,7 @@ class LinearOfBackward final : public torch::autograd::Node {
       g = linear_backward(dy, torch::Tensor(), w_, weights_, with_bias_, /*need_dx=*/false, scales_, x_t);
     }
     out->push_back(ds);
-    out->insert(out->end(), g.weights.begin(), g.weights.end());
-    out->insert(out->end(), g.biases.begin(), g.biases.end());
+    append_product_gradients(*out, g);
     return true;
 #else
     (void)s_saved, (void)dy, (void)out;
@@ -554,8 +557,7 @@ class LinearOfBackward final : public torch::autograd::Node {
     LinearGrads g = linear_backward(dy, torch::Tensor(), w_, weights_, with_bias_, /*need_dx=*/true, scales_,
                                     torch::Tensor(), nullptr, fused);
     out->push_back(ds);
-    out->insert(out->end(), g.weights.begin(), g.weights.end());
-    out->insert(out->end(), g.biases.begin(), g.biases.end());
+    append_product_gradients(*out, g);
     return true;
 #else
     (void)s_saved, (void)dy, (void)out;
@@ -612,8 +614,7 @@ class LinearOfBackward final : public torch::autograd::Node {
     const RmsNormGrads n = rms_norm_gradients(g.dx, s, known_.weight, known_.rstd);
     out.push_back(s_saved.requires_grad() ? n.dx.view(s.sizes()) : torch::Tensor());
     out.push_back(n.dweight);
-    out.insert(out.end(), g.weights.begin(), g.weights.end());
-    out.insert(out.end(), g.biases.begin(), g.biases.end());
+    append_product_gradients(out, g);
 #else
     (void)s_saved, (void)dy;
 #endif
