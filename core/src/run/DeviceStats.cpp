@@ -273,7 +273,7 @@ std::shared_ptr<const StepClock::Mark> StepClock::mark() const {
 #ifdef TRAINER_CUDA_KERNELS
   if (device_.is_cuda()) {
     mark->event = std::make_unique<at::cuda::CUDAEvent>(cudaEventDefault);
-    mark->event->record(at::cuda::getCurrentCUDAStream(initialised_index(device_)));
+    mark->event->record(at::cuda::getCurrentCUDAStream(index_of(device_)));
     return mark;
   }
 #endif
