@@ -374,34 +374,42 @@ TEST(GpuTraining, SeedScenarioInBf16AgreesAcrossSplitsAndStrategies) {
   EXPECT_EQ(result.exit_code, 0) << result.output;
 }
 
-// training.precision = "fp8" trains the quickstart like bf16: the same
+// training.precision = "fp8" trains the quickstart like bf16, with one
+// scale per tensor and with one per row (training.fp8_scaling): the same
 // recipe, the losses apart (FP8 rounds the linear layers' products at
 // 2^-4 where bf16 rounds at 2^-9) but learning as fast: the last ten
-// steps' mean loss within 10% of bf16's, both under half the first step's.
+// steps' mean loss within 10% of bf16's, all under half the first step's.
 TEST(GpuTraining, Fp8TrainsTheQuickstartLikeBf16) {
   REQUIRE_CUDA();
-  auto run = [](const std::string& precision) {
-    const std::string dir = scratch_dir("GpuFp8_" + precision);
+  auto run = [](const std::string& precision, const std::string& scaling) {
+    const std::string dir = scratch_dir("GpuFp8_" + precision + "_" + scaling);
     const auto result = trainer("run " + source_path("configs/quickstart.toml") + " --set run.output_dir=" + dir +
-                                " --set run.device=cuda --set training.precision=" + precision);
+                                " --set run.device=cuda --set training.precision=" + precision +
+                                (scaling.empty() ? "" : " --set training.fp8_scaling=" + scaling));
     EXPECT_EQ(result.exit_code, 0) << result.output;
     if (precision == "fp8") {
       EXPECT_NE(result.output.find("linear layers in FP8"), std::string::npos) << result.output;
+      EXPECT_EQ(result.output.find("scale per row") != std::string::npos, scaling == "rowwise") << result.output;
     }
     return column(read_metrics(dir + "/metrics.jsonl"), "loss");
   };
-  const std::vector<double> bf16 = run("bf16"), fp8 = run("fp8");
+  const std::vector<double> bf16 = run("bf16", ""), fp8 = run("fp8", ""), rowwise = run("fp8", "rowwise");
   ASSERT_EQ(bf16.size(), 200u);
   ASSERT_EQ(fp8.size(), 200u);
+  ASSERT_EQ(rowwise.size(), 200u);
   const auto tail = [](const std::vector<double>& v) {
     double sum = 0;
     for (size_t i = v.size() - 10; i < v.size(); ++i) sum += v[i];
     return sum / 10;
   };
   EXPECT_NE(bf16, fp8) << "the FP8 run rounded nothing differently";
+  EXPECT_NE(fp8, rowwise) << "the rowwise run scaled as the tensorwise one";
+  EXPECT_NE(bf16, rowwise) << "the rowwise run rounded nothing differently";
   EXPECT_LT(tail(bf16), 0.5 * bf16.front());
-  EXPECT_LT(tail(fp8), 0.5 * fp8.front());
-  EXPECT_LE(std::abs(tail(fp8) - tail(bf16)), 0.1 * tail(bf16)) << "bf16 " << tail(bf16) << ", fp8 " << tail(fp8);
+  for (const std::vector<double>* v : {&fp8, &rowwise}) {
+    EXPECT_LT(tail(*v), 0.5 * v->front());
+    EXPECT_LE(std::abs(tail(*v) - tail(bf16)), 0.1 * tail(bf16)) << "bf16 " << tail(bf16) << ", fp8 " << tail(*v);
+  }
 }
 
 // The FP8 weights' transposed casts are kept from forward to backward,

@@ -341,10 +341,32 @@ TEST(OpsGpu, LinearAddsWeightGradientsIntoBoundFp32Buffers) {
 // FP8 linear layers on for a scope (ops::set_fp8_linear is process-wide).
 struct Fp8On {
   Fp8On() { ops::set_fp8_linear(true); }
-  ~Fp8On() { ops::set_fp8_linear(false); }
+  ~Fp8On() {
+    ops::set_fp8_linear(false);
+    ops::set_fp8_rowwise_scaling(false);
+  }
   Fp8On(const Fp8On&) = delete;
   Fp8On& operator=(const Fp8On&) = delete;
 };
+
+// The linear layers' compute for a test's pass: bf16, FP8 per tensor or FP8 per row.
+enum class Compute { bf16, tensorwise, rowwise };
+const char* name_of(Compute c) {
+  return c == Compute::bf16 ? "bf16" : c == Compute::tensorwise ? "fp8 tensorwise" : "fp8 rowwise";
+}
+void set_compute(Compute c) {
+  ops::set_fp8_linear(c != Compute::bf16);
+  ops::set_fp8_rowwise_scaling(c == Compute::rowwise);
+}
+
+// Each row's error relative to that row's norm, the worst row's (rows with a zero reference left out).
+double worst_row_error(const torch::Tensor& got, const torch::Tensor& expected) {
+  const torch::Tensor x = got.to(torch::kCPU, torch::kFloat64).reshape({-1, got.size(-1)});
+  const torch::Tensor y = expected.to(torch::kCPU, torch::kFloat64).reshape({-1, got.size(-1)});
+  const torch::Tensor norms = y.norm(2, {1});
+  const torch::Tensor errors = (x - y).norm(2, {1}) / norms;
+  return errors.masked_select(norms > 0).max().item<double>();
+}
 
 // training.precision = "fp8": the linear layers' products in E4M3 (forward)
 // and E5M2 x E4M3 (input and weight gradients), held to an fp64 reference.
@@ -411,6 +433,79 @@ TEST(OpsGpu, Fp8LinearIsWithinFp8Precision) {
   EXPECT_TRUE(torch::equal(ops::linear(odd, {w}), torch::linear(odd, w)));
 }
 
+// training.fp8_scaling = "rowwise": every token of x and dY and every
+// channel of W has its own scale. Tokens whose magnitudes span 2^-12 ..
+// 2^12 in x and 2^-20 .. 2^20 in dY (outliers beside ordinary ones), and
+// weights whose rows and columns span 2^-4 .. 2^4, keep FP8's precision row
+// by row (the bounds of Fp8LinearIsWithinFp8Precision, per row). One scale
+// per tensor loses the small tokens: they fall below the smallest
+// subnormal, 2^-9 for E4M3 (whose largest value is 448, a range of 2^17.8
+// against x's 2^24) and 2^-16 for E5M2 (largest 57344: 2^31.8 against dY's
+// 2^40). The weight gradient is bf16's, bit for bit.
+TEST(OpsGpu, Fp8RowwiseScalingKeepsEveryTokensPrecision) {
+  REQUIRE_CUDA();
+  ASSERT_TRUE(ops::fp8_linear_available());
+  const Fp8On on;
+  torch::manual_seed(21);
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  const auto f64 = [](const torch::Tensor& t) { return t.to(torch::kCPU, torch::kFloat64); };
+  const int64_t tokens = 256, in = 512, out = 384;
+  const auto spread = [](int64_t n, int64_t period, int64_t half) {
+    return torch::pow(2.0, (torch::arange(n) % period - half).to(torch::kFloat64));
+  };
+  const torch::Tensor xs = (torch::randn({tokens, in}, torch::kFloat64) * spread(tokens, 25, 12).unsqueeze(1)).to(bf16);
+  const torch::Tensor dys =
+      (torch::randn({tokens, out}, torch::kFloat64) * spread(tokens, 41, 20).unsqueeze(1)).to(bf16);
+  const torch::Tensor ws =
+      (torch::randn({out, in}, torch::kFloat64) * 0.05 * spread(out, 9, 4).unsqueeze(1) * spread(in, 9, 4).unsqueeze(0))
+          .to(bf16);
+  auto run = [&](Compute c) {
+    set_compute(c);
+    const torch::Tensor x = xs.clone().requires_grad_(true), w = ws.clone().requires_grad_(true);
+    const torch::Tensor y = ops::linear(x, {w});
+    y.backward(dys);
+    return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad()};
+  };
+  const std::vector<torch::Tensor> rowwise = run(Compute::rowwise), tensorwise = run(Compute::tensorwise),
+                                   plain = run(Compute::bf16);
+  const torch::Tensor y_expected = f64(xs).mm(f64(ws).t()), dx_expected = f64(dys).mm(f64(ws));
+  const double forward_bound = std::sqrt(2.0) * 0.0625,
+               gradient_bound = std::sqrt(std::pow(2.0, -6) + std::pow(2.0, -8));
+  EXPECT_LT(worst_row_error(rowwise[0], y_expected), forward_bound);
+  EXPECT_LT(worst_row_error(rowwise[1], dx_expected), gradient_bound);
+  EXPECT_GT(relative_error(rowwise[0], y_expected), 4e-3) << "no FP8 rounding in the output: the bf16 path ran";
+  EXPECT_GT(relative_error(rowwise[1], dx_expected), 4e-3) << "no FP8 rounding in the input gradient";
+  // What one scale per tensor does to the same data: the small tokens are lost.
+  EXPECT_GT(worst_row_error(tensorwise[0], y_expected), 0.5);
+  EXPECT_GT(worst_row_error(tensorwise[1], dx_expected), 0.5);
+  EXPECT_TRUE(torch::equal(rowwise[2], plain[2])) << "the weight gradient is not bf16's";
+
+  set_compute(Compute::rowwise);
+  // With a bias (the scaled GEMM adds it), and into a bound fp32 buffer: the bf16 GEMM's fp32 accumulation.
+  const torch::Tensor x = torch::randn({tokens, in}).to(bf16), w = (torch::randn({out, in}) * 0.05).to(bf16);
+  const torch::Tensor b = (torch::randn({out}) * 0.1).to(bf16);
+  EXPECT_LT(relative_error(ops::linear(x, {w}, {b}), f64(x).mm(f64(w).t()) + f64(b)), forward_bound);
+  const torch::Tensor wb = w.clone().requires_grad_(true);
+  const torch::Tensor buffer = torch::zeros({out, in}, bf16.dtype(torch::kFloat32));
+  wb.mutable_grad() = buffer;
+  const torch::Tensor dy = torch::randn({tokens, out}).to(bf16);
+  for (int micro = 0; micro < 2; ++micro) ops::linear(x, {wb}).backward(dy);
+  EXPECT_EQ(wb.grad().data_ptr(), buffer.data_ptr());
+  // bf16 operands, fp32 products summed in fp32: far inside bf16's own rounding.
+  EXPECT_LT(relative_error(buffer, 2 * f64(dy).t().mm(f64(x))), 1e-5);
+  torch::NoGradGuard no_grad;
+  // A NaN in one token reaches that token's output, and only its.
+  torch::Tensor poisoned = x.clone();
+  poisoned[3][7] = std::numeric_limits<float>::quiet_NaN();
+  const torch::Tensor finite = torch::isfinite(ops::linear(poisoned, {w})).all(1).to(torch::kCPU);
+  EXPECT_FALSE(finite[3].item<bool>());
+  EXPECT_EQ(finite.sum().item<int64_t>(), tokens - 1);
+  // A token of zeros: scale 1, exactly the bias.
+  torch::Tensor zero_row = x.clone();
+  zero_row[5].zero_();
+  EXPECT_TRUE(torch::equal(ops::linear(zero_row, {w}, {b})[5], b));
+}
+
 // The FP8 casts' vector kernels (16-byte loads; a tile of 64 rows x 128
 // columns a block for the transposed casts) and their scalar kernels (taken for data 2 bytes off
 // alignment) give the same bits: the forward, input and weight gradients of
@@ -439,13 +534,17 @@ TEST(OpsGpu, Fp8VectorAndScalarKernelsGiveTheSameBits) {
     y.backward(placed(dys, offset));
     return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad()};
   };
-  const std::vector<torch::Tensor> vector_path = run(0), scalar_path = run(1);
-  const char* names[] = {"output", "input gradient", "weight gradient"};
-  for (size_t i = 0; i < vector_path.size(); ++i) {
-    EXPECT_TRUE(torch::equal(vector_path[i], scalar_path[i])) << names[i];
+  for (const Compute c : {Compute::tensorwise, Compute::rowwise}) {
+    set_compute(c);
+    const std::vector<torch::Tensor> vector_path = run(0), scalar_path = run(1);
+    const char* names[] = {"output", "input gradient", "weight gradient"};
+    for (size_t i = 0; i < vector_path.size(); ++i) {
+      EXPECT_TRUE(torch::equal(vector_path[i], scalar_path[i])) << names[i] << ", " << name_of(c);
+    }
+    // And FP8 ran: the output is off bf16's product by FP8's rounding.
+    EXPECT_GT(relative_error(vector_path[0], xs.to(torch::kFloat64).mm(ws.to(torch::kFloat64).t())), 4e-3)
+        << name_of(c);
   }
-  // And FP8 ran: the output is off bf16's product by FP8's rounding.
-  EXPECT_GT(relative_error(vector_path[0], xs.to(torch::kFloat64).mm(ws.to(torch::kFloat64).t())), 4e-3);
 }
 
 // The amax SwiGLU's kernels compute of what they write, offered to the FP8
@@ -762,22 +861,26 @@ TEST(OpsGpu, SwiGluLinearGivesTheBitsOfLinearOf) {
     return std::vector<torch::Tensor>{y, g.grad(), w.grad()};
   };
   const char* names[] = {"output", "gate/up gradient", "weight gradient"};
-  for (const bool fp8 : {true, false}) {
-    ops::set_fp8_linear(fp8);
+  for (const Compute c : {Compute::tensorwise, Compute::rowwise, Compute::bf16}) {
+    set_compute(c);
     for (const bool bound : {false, true}) {
       const std::vector<torch::Tensor> general = run(false, bound), fused = run(true, bound);
       for (size_t i = 0; i < general.size(); ++i) {
         EXPECT_TRUE(torch::equal(general[i], fused[i]))
-            << names[i] << (fp8 ? ", fp8" : ", bf16") << (bound ? ", bound buffer" : "");
+            << names[i] << ", " << name_of(c) << (bound ? ", bound buffer" : "");
       }
-      if (fp8 && !bound) {
+      if (c == Compute::tensorwise && !bound) {
         const torch::Tensor h = ops::swiglu(gs).to(torch::kFloat64);
         const torch::Tensor dw = dy.to(torch::kFloat64).reshape({tokens, out}).t().mm(h.reshape({tokens, inter}));
         EXPECT_GT(relative_error(fused[2], dw), 4e-3) << "no FP8 rounding in the weight gradient";
       }
+      if (c == Compute::rowwise && !bound) {
+        const torch::Tensor y = ops::swiglu(gs).to(torch::kFloat64).matmul(ws.to(torch::kFloat64).t());
+        EXPECT_GT(relative_error(fused[0], y), 4e-3) << "no FP8 rounding in the output";
+      }
     }
   }
-  ops::set_fp8_linear(false);
+  set_compute(Compute::bf16);
 }
 
 // norm_linear is linear_of(rms_norm, ...) bit for bit: in FP8 (where its
@@ -811,23 +914,26 @@ TEST(OpsGpu, NormLinearGivesTheBitsOfLinearOf) {
     return std::vector<torch::Tensor>{y, x.grad(), w.grad(), n.grad()};
   };
   const char* names[] = {"output", "input gradient", "weight gradient", "norm weight gradient"};
-  for (const bool fp8 : {true, false}) {
-    ops::set_fp8_linear(fp8);
+  for (const Compute c : {Compute::tensorwise, Compute::rowwise, Compute::bf16}) {
+    set_compute(c);
     for (const bool bound : {false, true}) {
       const std::vector<torch::Tensor> general = run(false, bound), fused = run(true, bound);
       for (size_t i = 0; i < general.size(); ++i) {
         const torch::Tensor f = bound && i == 3 ? fused[i].to(torch::kBFloat16).to(torch::kFloat32) : fused[i];
-        EXPECT_TRUE(torch::equal(general[i], f))
-            << names[i] << (fp8 ? ", fp8" : ", bf16") << (bound ? ", bound buffer" : "");
+        EXPECT_TRUE(torch::equal(general[i], f)) << names[i] << ", " << name_of(c) << (bound ? ", bound buffer" : "");
       }
-      if (fp8 && !bound) {
+      if (c == Compute::tensorwise && !bound) {
         const torch::Tensor h = ops::rms_norm(xs, ns, eps).to(torch::kFloat64).reshape({tokens, in});
         const torch::Tensor dw = dy.to(torch::kFloat64).reshape({tokens, out}).t().mm(h);
         EXPECT_GT(relative_error(fused[2], dw), 4e-3) << "no FP8 rounding in the weight gradient";
       }
+      if (c == Compute::rowwise && !bound) {
+        const torch::Tensor y = ops::rms_norm(xs, ns, eps).to(torch::kFloat64).matmul(ws.to(torch::kFloat64).t());
+        EXPECT_GT(relative_error(fused[0], y), 4e-3) << "no FP8 rounding in the output";
+      }
     }
   }
-  ops::set_fp8_linear(false);
+  set_compute(Compute::bf16);
 }
 #endif
 

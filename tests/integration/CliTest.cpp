@@ -62,6 +62,10 @@ TEST(Cli, BadRecipesExitWithTwoAndNameTheProblem) {
       {base + "[training]\nprecision = 'fp8'\n", "FP8 GEMMs need CUDA"},
       {base + "[run]\ndevice = 'cuda'\n[training]\nprecision = 'fp8'\nreproducible = true\n",
        "its bits cannot be the same across splits"},
+      {base + "[training]\nfp8_scaling = 'rowwise'\n",
+       "[training] fp8_scaling: expected 'tensorwise' (the default) with training.precision = 'fp32'"},
+      {base + "[training]\nprecision = 'bf16'\nfp8_scaling = 'rowwise'\n", "this run computes in bf16"},
+      {base + "[training]\nfp8_scaling = 'blockwise'\n", "fp8_scaling"},
   };
   for (const Case& c : cases) {
     const std::string file = write_file(dir + "/bad.toml", c.recipe);

@@ -99,6 +99,15 @@ void set_gradient_fusion(bool enabled);
 /// Process-wide; set before training starts.
 bool fp8_linear_enabled();
 void set_fp8_linear(bool enabled);
+/// Whether FP8 layers scale per row instead of per tensor
+/// (training.fp8_scaling = "rowwise"): the forward's operands with one scale
+/// per token of x and per output channel of W, the input gradient's with one
+/// per token of dY and per input channel of W, the weight gradient in bf16
+/// with fp32 accumulation (a scale per token would lie along its reduction,
+/// which a scaled GEMM cannot take). One outlying token or channel then
+/// costs only its own precision. Process-wide; set before training starts.
+bool fp8_rowwise_scaling();
+void set_fp8_rowwise_scaling(bool rowwise);
 /// Whether an FP8 layer's forward, where its weights want gradients, also
 /// casts them transposed (one pass writing both layouts) and keeps that
 /// cast for the input gradient's GEMM, instead of casting them again in
@@ -134,11 +143,11 @@ torch::Tensor take_fp8_amax(const torch::Tensor& t);
 torch::Tensor swiglu_gradient(const torch::Tensor& gate_up, const torch::Tensor& d_out,
                               const torch::Tensor& value = torch::Tensor());
 
-/// Where the linear layers run in FP8 and the values are bf16, a device
-/// float for a kernel's amax of what it writes (offered to the FP8 cast
+/// Where the linear layers run in FP8 with one scale per tensor and the
+/// values are bf16, a device float for a kernel's amax of what it writes (offered to the FP8 cast
 /// that reads it next); else undefined.
 inline torch::Tensor fp8_amax_buffer(const torch::Tensor& like) {
-  if (!fp8_linear_enabled() || like.scalar_type() != torch::kBFloat16) return torch::Tensor();
+  if (!fp8_linear_enabled() || fp8_rowwise_scaling() || like.scalar_type() != torch::kBFloat16) return torch::Tensor();
   return torch::empty({1}, like.options().dtype(torch::kFloat32));
 }
 

@@ -70,6 +70,55 @@ __global__ void quantize_kernel(const __nv_bfloat16* x, int64_t n, bool vector, 
   }
 }
 
+// E4M3 (or E5M2) of each row of a [rows, cols] x times that row's own
+// scale s_r (scale_of its largest magnitude), saturating, laid out as x;
+// inverse_scales[r] = 1 / s_r. One block a row: a pass for the row's amax,
+// then the cast, which reads the row again (from cache).
+template <bool Vector>
+__global__ void quantize_rows_kernel(const __nv_bfloat16* x, int64_t cols, bool e5m2, void* out,
+                                     float* inverse_scales) {
+  __shared__ unsigned row_amax_bits;
+  if (threadIdx.x == 0) row_amax_bits = 0;
+  __syncthreads();
+  const int64_t row = blockIdx.x;
+  const __nv_bfloat16* in = x + row * cols;
+  float mine = 0.0f;
+  bool nan = false;
+  if (Vector) {
+    const Bf16x8* in8 = reinterpret_cast<const Bf16x8*>(in);
+    for (int64_t i = threadIdx.x; i < cols / 8; i += blockDim.x) {
+      float v[8];
+      unpack(in8[i], v);
+      for (int j = 0; j < 8; ++j) track(v[j], mine, nan);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) track(__bfloat162float(in[i]), mine, nan);
+  }
+  block_amax(mine, nan, &row_amax_bits);
+  __syncthreads();
+  const float scale = scale_of(row_amax_bits, e5m2 ? kE5m2Max : kE4m3Max);
+  if (threadIdx.x == 0) inverse_scales[row] = 1.0f / scale;
+  const __nv_fp8_interpretation_t format = e5m2 ? __NV_E5M2 : __NV_E4M3;
+  if (Vector) {
+    const Bf16x8* in8 = reinterpret_cast<const Bf16x8*>(in);
+    Fp8x8* out8 = static_cast<Fp8x8*>(out) + row * (cols / 8);
+    for (int64_t i = threadIdx.x; i < cols / 8; i += blockDim.x) {
+      const Bf16x8 chunk = in8[i];
+      Fp8x8 q;
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(chunk.v[j]);
+        q.v[j] = __nv_cvt_float2_to_fp8x2(make_float2(f.x * scale, f.y * scale), __NV_SATFINITE, format);
+      }
+      out8[i] = q;
+    }
+  } else {
+    __nv_fp8_storage_t* out1 = static_cast<__nv_fp8_storage_t*>(out) + row * cols;
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+      out1[i] = __nv_cvt_float_to_fp8(__bfloat162float(in[i]) * scale, __NV_SATFINITE, format);
+    }
+  }
+}
+
 // E4M3 (or E5M2) of x * s for a [rows, cols] x, written transposed
 // ([cols, rows]) into out_t and, when out_rows is not null, also as laid out
 // into out_rows: one read of x for both. s is the scale of *amax_bits when
@@ -139,6 +188,24 @@ bool fp8_quantize_transposed(const void* x, int64_t rows, int64_t cols, bool e5m
   quantize_transposed_kernel<<<dim3(unsigned(tiles_x), unsigned(tiles_y)), dim3(32, 8), 0, stream>>>(
       static_cast<const __nv_bfloat16*>(x), rows, cols, e5m2, reinterpret_cast<const unsigned*>(amax), inverse_scale,
       static_cast<__nv_fp8_storage_t*>(out_t), static_cast<__nv_fp8_storage_t*>(out_rows));
+  return true;
+}
+
+bool fp8_quantize_rows(const void* x, int64_t rows, int64_t cols, bool e5m2, void* out, float* inverse_scales,
+                       cudaStream_t stream) {
+  if (rows > (int64_t(1) << 31) - 1) return false;
+  if (rows == 0) return true;
+  const bool vector = cols % 8 == 0 && aligned(x, 16) && aligned(out, 8);
+  // A warp at least, up to 256 threads: as many as the row has items.
+  const int64_t items = vector ? cols / 8 : cols;
+  const unsigned threads =
+      static_cast<unsigned>(std::min<int64_t>(kThreads, std::max<int64_t>(32, (items + 31) / 32 * 32)));
+  const auto* in = static_cast<const __nv_bfloat16*>(x);
+  if (vector) {
+    quantize_rows_kernel<true><<<unsigned(rows), threads, 0, stream>>>(in, cols, e5m2, out, inverse_scales);
+  } else {
+    quantize_rows_kernel<false><<<unsigned(rows), threads, 0, stream>>>(in, cols, e5m2, out, inverse_scales);
+  }
   return true;
 }
 

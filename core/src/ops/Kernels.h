@@ -138,6 +138,14 @@ void stochastic_round_bf16(const float* src, void* dst, int64_t n, uint64_t stre
 void fp8_quantize(const void* x, int64_t n, bool e5m2, void* out, float* amax, bool amax_known, float* inverse_scale,
                   cudaStream_t stream);
 
+/// Rowwise FP8 quantization of a contiguous bf16 [rows, cols] `x`: row r of
+/// `out` (laid out as x) = E4M3 (or E5M2) of x[r] * s_r, saturating, where
+/// s_r is the power of two fp8_quantize would choose for that row alone;
+/// inverse_scales[r] = 1 / s_r (rows floats of device memory). False,
+/// launching nothing, when rows exceed the grid (2^31 - 1).
+bool fp8_quantize_rows(const void* x, int64_t rows, int64_t cols, bool e5m2, void* out, float* inverse_scales,
+                       cudaStream_t stream);
+
 /// The largest magnitude of `n` contiguous bf16 values into *amax (device
 /// memory, overwritten; NaN when any value is NaN), for fp8_quantize_transposed.
 void fp8_amax(const void* x, int64_t n, float* amax, cudaStream_t stream);

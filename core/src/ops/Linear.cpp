@@ -22,7 +22,11 @@ namespace {
 std::atomic<bool> g_gradient_fusion{true};
 std::atomic<bool> g_fp8_linear{false};
 std::atomic<bool> g_fp8_keep_weights_t{true};
+std::atomic<bool> g_fp8_rowwise{false};
 }  // namespace
+
+bool fp8_rowwise_scaling() { return g_fp8_rowwise.load(); }
+void set_fp8_rowwise_scaling(bool rowwise) { g_fp8_rowwise.store(rowwise); }
 
 bool fp8_keeps_transposed_weights() { return g_fp8_keep_weights_t.load(); }
 void set_fp8_keeps_transposed_weights(bool keep) { g_fp8_keep_weights_t.store(keep); }
@@ -158,6 +162,21 @@ Fp8Tensor quantize(const torch::Tensor& t, bool e5m2) {
   check_launch("fp8_quantize");
   return q;
 }
+
+// A bf16 [rows, cols] `t` cast with one scale per row (fp8_rowwise_scaling):
+// the inverse scales as the scaled GEMM takes a row-major operand's, [rows, 1].
+Fp8Tensor quantize_rows(const torch::Tensor& t, bool e5m2) {
+  const torch::Tensor x = t.contiguous();
+  Fp8Tensor q;
+  q.data = torch::empty(x.sizes(), x.options().dtype(e5m2 ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn));
+  q.inverse_scale = torch::empty({x.size(0), 1}, x.options().dtype(torch::kFloat32));
+  KernelLaunch launch("fp8_quantize_rows", {x, q.data, q.inverse_scale});
+  TORCH_CHECK(kernels::fp8_quantize_rows(x.data_ptr(), x.size(0), x.size(1), e5m2, q.data.data_ptr(),
+                                         q.inverse_scale.data_ptr<float>(), launch.stream()),
+              "fp8_quantize_rows: ", x.size(0), " rows exceed the kernel's grid");
+  check_launch("fp8_quantize_rows");
+  return q;
+}
 #endif
 
 // Whether a [rows, inner] x [inner, cols] product runs in FP8: the scaled
@@ -179,8 +198,9 @@ bool fp8_fits(const torch::Tensor& a, int64_t rows, int64_t inner, int64_t cols)
 // the transposed cast kept in scales->w_t, for the input gradient (see
 // fp8_keeps_transposed_weights).
 struct Fp8Scales {
-  torch::Tensor x, w;  // the inverse scales; undefined where the product did not run in FP8
-  torch::Tensor w_t;   // W's transposed E4M3 cast with scale w, where kept
+  torch::Tensor x, w;    // the inverse scales; undefined where the product did not run in FP8 per tensor
+  torch::Tensor w_t;     // W's transposed E4M3 cast with scale w, where kept
+  bool rowwise = false;  // the product ran in FP8 with one scale per row (x, w undefined)
 };
 #ifdef TRAINER_FP8_LINEAR
 Fp8Tensor quantize_both(const torch::Tensor& t, bool e5m2, torch::Tensor* transposed, bool rows);
@@ -190,18 +210,27 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const torc
   const int64_t inner = w.size(1), cols = w.size(0), rows = inner > 0 ? x.numel() / inner : 0;
   if (!fp8_fits(x, rows, inner, cols) || w.scalar_type() != torch::kBFloat16) return torch::linear(x, w, b);
 #ifdef TRAINER_FP8_LINEAR
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = cols;
+  const auto bias = b.defined() ? std::optional<torch::Tensor>(b) : std::nullopt;
+  if (fp8_rowwise_scaling()) {
+    // A scale per token of x and per output channel of W (W's rows: the
+    // scaled GEMM takes them as a [1, cols] row for its column-major operand).
+    const Fp8Tensor xq = quantize_rows(x.reshape({rows, inner}), false);
+    const Fp8Tensor wq = quantize_rows(w, false);
+    const torch::Tensor y = at::_scaled_mm(xq.data, wq.data.t(), xq.inverse_scale, wq.inverse_scale.view({1, cols}),
+                                           bias, std::nullopt, torch::kBFloat16, /*use_fast_accum=*/true);
+    if (scales != nullptr) *scales = Fp8Scales{torch::Tensor(), torch::Tensor(), torch::Tensor(), true};
+    return y.view(sizes);
+  }
   torch::Tensor w_t;
   const Fp8Tensor xq = quantize(x.reshape({rows, inner}), false);
   const Fp8Tensor wq =
       keep_w_t && scales != nullptr ? quantize_both(w, false, &w_t, /*rows=*/true) : quantize(w, false);
   // The scaled GEMM takes its second operand column-major: W^T of a row-major W is.
-  const torch::Tensor y =
-      at::_scaled_mm(xq.data, wq.data.t(), xq.inverse_scale, wq.inverse_scale,
-                     b.defined() ? std::optional<torch::Tensor>(b) : std::nullopt, std::nullopt, torch::kBFloat16,
-                     /*use_fast_accum=*/true);
+  const torch::Tensor y = at::_scaled_mm(xq.data, wq.data.t(), xq.inverse_scale, wq.inverse_scale, bias, std::nullopt,
+                                         torch::kBFloat16, /*use_fast_accum=*/true);
   if (scales != nullptr) *scales = Fp8Scales{xq.inverse_scale, wq.inverse_scale, w_t};
-  std::vector<int64_t> sizes = x.sizes().vec();
-  sizes.back() = cols;
   return y.view(sizes);
 #else
   (void)scales, (void)keep_w_t;
@@ -211,7 +240,7 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const torc
 
 // Whether a forward keeps W's transposed FP8 cast: FP8 on, some weight wants its gradient.
 bool keeps_w_t(const std::vector<torch::Tensor>& weights) {
-  if (!fp8_linear_enabled() || !fp8_keeps_transposed_weights()) return false;
+  if (!fp8_linear_enabled() || fp8_rowwise_scaling() || !fp8_keeps_transposed_weights()) return false;
   for (const torch::Tensor& w : weights) {
     if (w.requires_grad()) return true;
   }
@@ -322,7 +351,23 @@ Fp8Grads fp8_backward(const torch::Tensor& dy, const torch::Tensor& x, const tor
 // Whether the backward of a product whose forward gave `scales` runs in FP8
 // for the output gradient `dy` ([rows, out]).
 bool fp8_backward_applies(const torch::Tensor& dy, const torch::Tensor& w, const Fp8Scales& scales) {
-  return scales.w.defined() && scales.x.defined() && fp8_fits(dy, dy.size(0), w.size(0), w.size(1));
+  return !scales.rowwise && scales.w.defined() && scales.x.defined() && fp8_fits(dy, dy.size(0), w.size(0), w.size(1));
+}
+
+// dx = dY W for a product whose forward ran in FP8 per row, where the
+// scaled GEMM takes it (else undefined): dY in E5M2 with a scale per token,
+// W in E4M3 with one per input channel (W^T's rows), exact accumulation.
+torch::Tensor rowwise_input_gradient(const torch::Tensor& dy, const torch::Tensor& w, const Fp8Scales& scales) {
+  if (!scales.rowwise || !fp8_fits(dy, dy.size(0), w.size(0), w.size(1))) return torch::Tensor();
+#ifdef TRAINER_FP8_LINEAR
+  const Fp8Tensor dyq = quantize_rows(dy, true);
+  const Fp8Tensor wq = quantize_rows(w.t(), false);  // [in, out]: the column-major [out, in] operand
+  return at::_scaled_mm(dyq.data, wq.data.t(), dyq.inverse_scale, wq.inverse_scale.view({1, w.size(1)}), std::nullopt,
+                        std::nullopt, torch::kBFloat16, /*use_fast_accum=*/false);
+#else
+  (void)dy, (void)w;
+  return torch::Tensor();
+#endif
 }
 
 // The gradients of y = x W^T + b for stacked W: dx (when wanted) and one
@@ -343,10 +388,11 @@ void append_product_gradients(torch::autograd::variable_list& out, const LinearG
 // then returned undefined, and autograd adds nothing).
 // `scales`: the forward's FP8 scales; undefined where it ran in bf16.
 // `x_t`: x's transposed FP8 cast, made by the caller where the backward
-// runs in FP8 (fp8_backward_applies); x is then not read and may be
-// undefined. `x_t_from_dx`: the same, made from dx (see fp8_backward).
-// `x_from_dx`: outside FP8, where x is undefined, x itself made from dx
-// (between the input- and the weight-gradient GEMMs; see swiglu_backward_bf16).
+// runs in FP8 per tensor (fp8_backward_applies); x is then not read and may
+// be undefined. `x_t_from_dx`: the same, made from dx (see fp8_backward).
+// `x_from_dx`: otherwise (bf16, or FP8 per row, whose weight gradient is
+// bf16), where x is undefined, x itself made from dx (between the input-
+// and the weight-gradient GEMMs; see swiglu_backward_bf16).
 LinearGrads linear_backward(const torch::Tensor& dy_in, const torch::Tensor& x, const torch::Tensor& w,
                             const std::vector<torch::Tensor>& weights, bool with_bias, bool need_dx,
                             const Fp8Scales& scales, const torch::Tensor& x_t = torch::Tensor(),
@@ -367,8 +413,12 @@ LinearGrads linear_backward(const torch::Tensor& dy_in, const torch::Tensor& x, 
   } else {
     TORCH_CHECK(x.defined() || (need_dx && x_from_dx),
                 "linear backward: the input was not kept for a product "
-                "outside FP8");
-    if (need_dx) out.dx = dy.mm(w).view(x_sizes);
+                "outside per-tensor FP8");
+    if (need_dx) {
+      // Per row in FP8 where the forward ran so; the weight gradient below stays bf16.
+      const torch::Tensor rowwise = rowwise_input_gradient(dy, w, scales);
+      out.dx = (rowwise.defined() ? rowwise : dy.mm(w)).view(x_sizes);
+    }
     const torch::Tensor x2 = (x.defined() ? x : x_from_dx(out.dx)).reshape({-1, w.size(1)});
     if (into.defined()) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
@@ -406,6 +456,7 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
     ctx->saved_data["x_scale"] = scales.x;
     ctx->saved_data["w_scale"] = scales.w;
     ctx->saved_data["w_t"] = scales.w_t;
+    ctx->saved_data["rowwise"] = scales.rowwise;
     return y;
   }
 
@@ -416,7 +467,7 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
         linear_backward(grads[0], x, w, ctx->saved_data["weights"].toTensorVector(),
                         ctx->saved_data["biases"].toInt() > 0, ctx->needs_input_grad(0),
                         Fp8Scales{ctx->saved_data["x_scale"].toTensor(), ctx->saved_data["w_scale"].toTensor(),
-                                  ctx->saved_data["w_t"].toTensor()});
+                                  ctx->saved_data["w_t"].toTensor(), ctx->saved_data["rowwise"].toBool()});
     ctx->saved_data["w_t"] = torch::Tensor();  // a second backward (retain_graph) casts again
     // One gradient per input, in order: x, then each weight, then each bias, then none for keep_w_t.
     variable_list out{g.dx};
@@ -530,8 +581,9 @@ class LinearOfBackward final : public torch::autograd::Node {
 #endif
   }
 
-  // The backward where f is swiglu and the product runs outside FP8 on the
-  // project's kernels: the input-gradient GEMM first, then one kernel reads
+  // The backward where f is swiglu and the product runs outside per-tensor
+  // FP8 on the project's kernels (bf16, or FP8 per row, whose weight
+  // gradient is bf16): the input-gradient GEMM first, then one kernel reads
   // s and that gradient once and writes s's gradient and f's output (the
   // forward's bits), which the weight-gradient GEMM reads; the general path
   // reads s twice (f again, then its backward) and runs autograd between.

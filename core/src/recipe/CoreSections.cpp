@@ -38,6 +38,11 @@ constexpr KeySpec kTrainingKeys[] = {
      "compute precision; bf16 keeps fp32 master weights, optimizer state and gradient accumulation; fp8 is bf16 "
      "with the blocks' linear layers in FP8 (E4M3 forward, E5M2 gradients, one scale per tensor; CUDA only)",
      -kInf, kInf, "fp32|bf16|fp8"},
+    {"fp8_scaling", VT::String, "'tensorwise'",
+     "precision = 'fp8': one power-of-two scale per tensor (tensorwise), or per row (rowwise: forward and input "
+     "gradient scaled per token and per channel, so an outlying token or channel costs only its own precision; "
+     "the weight gradient in bf16 with fp32 accumulation; slower)",
+     -kInf, kInf, "tensorwise|rowwise"},
     {"max_grad_norm", VT::Float, "1.0", "clip the global gradient norm to this; 0 turns clipping off", 0, kInf},
     {"on_nonfinite", VT::String, "'error'",
      "a non-finite gradient norm stops the run (error) or skips the update (skip)", -kInf, kInf, "error|skip"},

@@ -44,6 +44,13 @@ RunConfig run_config(const Recipe& recipe, int world_size) {
   config.fp8 = precision == "fp8";
   config.compute_dtype = precision == "bf16" || config.fp8 ? torch::kBFloat16 : torch::kFloat32;
   config.reproducible = recipe.training.boolean("reproducible");
+  config.fp8_rowwise = recipe.training.text("fp8_scaling") == "rowwise";
+  if (config.fp8_rowwise && !config.fp8) {
+    recipe.training.fail("fp8_scaling",
+                         fmt::format("'tensorwise' (the default) with training.precision = '{}': the scaling is "
+                                     "FP8's, and this run computes in {}",
+                                     precision, precision));
+  }
   if (config.fp8) {
     if (config.device != "cuda") {
       recipe.training.fail("precision",

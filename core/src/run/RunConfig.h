@@ -55,6 +55,7 @@ struct RunConfig {
   BatchShape shape;
   torch::Dtype compute_dtype = torch::kFloat32;  ///< training.precision (bf16 for "fp8")
   bool fp8 = false;                              ///< training.precision = "fp8": linear layers in FP8
+  bool fp8_rowwise = false;                      ///< training.fp8_scaling = "rowwise"
   bool reproducible = false;
   int64_t reproducible_atom = 1;  ///< samples per forward and backward in reproducible mode
   UpdateRule update;

@@ -67,7 +67,12 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
     log::info(fmt::format("rank {} (local rank {}) computes on {}", world.rank, world.local_rank, run.device.str()));
   }
   ops::set_fp8_linear(config.fp8);
-  if (config.fp8) {
+  ops::set_fp8_rowwise_scaling(config.fp8 && config.fp8_rowwise);
+  if (config.fp8 && config.fp8_rowwise) {
+    log::info(
+        "linear layers in FP8: E4M3 forward, E5M2 output gradients, one power-of-two scale per row (per token, "
+        "per channel); weight gradients in bf16 added into fp32; MFU against the bf16 peak");
+  } else if (config.fp8) {
     log::info(
         "linear layers in FP8: E4M3 forward, E5M2 output gradients, one power-of-two scale per tensor; "
         "weight gradients E5M2 x E4M3 added into fp32; MFU against the bf16 peak");
@@ -133,7 +138,7 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
     released = released || (p.tensor.numel() > 0 && p.tensor.storage().nbytes() == 0);
   }
   ops::set_fp8_keeps_transposed_weights(!released);
-  if (config.fp8) {
+  if (config.fp8 && !config.fp8_rowwise) {  // rowwise casts W per input channel in backward, always
     log::info(released ? "FP8: the weights are cast transposed again in backward (the strategy releases parameters "
                          "between uses)"
                        : "FP8: the weights' transposed casts are kept from forward to backward (about 1 byte a "
