@@ -235,6 +235,50 @@ TEST(Strategies, HybridShardingHoldsItsGroupsShareAndAgrees) {
 // larger than the 0.02 MB asked for) plus the group of biases and norms
 // (2 x 256 + 64 elements), whose gradients arrive in every layer and so
 // live through backward. The sums are the same ones.
+// Reproducible mode: the core sums every gradient exactly
+// (StrategyEnv::exact_gradients), so a strategy keeps only the gradient its
+// update reads. zero1 holds no full gradient beside its shard, zero2 no
+// bucket: their reports say so, and the run's counting allocator agrees
+// after setup. What a step leaves beyond that is the exact accumulator
+// alone (8 bytes a parameter, allocated after setup): no gradient autograd
+// stored in .grad outlives its backward (one would be 330 kB).
+TEST(Strategies, ReproducibleModeKeepsOnlyTheGradientTheUpdateReads) {
+  const std::string common =
+      "--set training.steps=2 --set training.micro_batch_size=2 --set training.grad_accum_steps=2";
+  const std::string repro = " --set training.reproducible=true --set strategy.name=";
+  std::map<std::string, std::string> dirs;
+  for (const std::string s : {"zero1", "zero2"}) {
+    dirs[s] = run("Exact_" + s, "configs/quickstart.toml", common + " --nproc 2" + repro + s);
+    dirs[s + "_plain"] =
+        run("Exact_" + s + "_plain", "configs/quickstart.toml", common + " --nproc 2 --set strategy.name=" + s);
+  }
+  dirs["ddp"] = run("Exact_ddp", "configs/quickstart.toml", common + repro + "ddp");
+  constexpr int64_t kParameters = 82496;  // the quickstart model's
+  for (int rank = 0; rank < 2; ++rank) {
+    const int64_t shard = memory_of(dirs["zero1"], rank, "gradient_bytes");
+    EXPECT_EQ(shard, memory_of(dirs["zero2_plain"], rank, "gradient_bytes")) << rank << ": zero2 keeps the shard alone";
+    // Without the mode zero1 also keeps the full gradient: the shard twice over at world size 2 (rank 0's, padded).
+    EXPECT_GE(memory_of(dirs["zero1_plain"], rank, "gradient_bytes") - shard, kParameters * 4) << rank;
+    EXPECT_EQ(memory_of(dirs["zero2"], rank, "gradient_bytes"), shard) << rank;
+    EXPECT_EQ(memory_of(dirs["zero2"], rank, "peak_transient_gradient_bytes"), 0) << rank;
+    EXPECT_GT(memory_of(dirs["zero2_plain"], rank, "peak_transient_gradient_bytes"), 0) << rank;
+  }
+  for (const auto& [name, dir] : dirs) {
+    if (name.find("_plain") != std::string::npos) continue;
+    for (int rank = 0; rank < (name == "ddp" ? 1 : 2); ++rank) {
+      const int64_t reported = memory_of(dir, rank, "parameter_bytes") + memory_of(dir, rank, "gradient_bytes") +
+                               memory_of(dir, rank, "optimizer_bytes");
+      const int64_t after_setup = memory_of(dir, rank, "measured_after_setup_bytes");
+      EXPECT_GE(after_setup, reported) << name << " rank " << rank;
+      EXPECT_LE(after_setup, reported + 16384) << name << " rank " << rank << ": more than the report after setup";
+      // The accumulator's int64 per parameter, and the 16 kB of small tensors (expect_measured_as_reported).
+      const int64_t left = memory_of(dir, rank, "measured_after_first_step_bytes") - after_setup;
+      EXPECT_GE(left, kParameters * 8) << name << " rank " << rank;
+      EXPECT_LE(left, kParameters * 8 + 16384) << name << " rank " << rank << ": a step left more than the sums";
+    }
+  }
+}
+
 TEST(Strategies, ZeroTwoHoldsAtMostTwoBucketsOfFullGradient) {
   const std::string overrides =
       "--set training.steps=3 --set training.micro_batch_size=2 --set training.grad_accum_steps=2"

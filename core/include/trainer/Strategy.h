@@ -24,6 +24,16 @@ struct StrategyEnv {
   /// Parameters and activations compute in this dtype (training.precision);
   /// master weights, optimizer state and gradient accumulation stay fp32.
   torch::Dtype compute_dtype = torch::kFloat32;
+  /// Reproducible mode (training.reproducible): the core sums every
+  /// backward's gradient itself, exactly, from hooks on the parameters, and
+  /// writes the step's sum through gradient_slices() before apply_update.
+  /// The strategy then accumulates and reduces nothing: it binds no .grad
+  /// and keeps no gradient buffer beyond what gradient_slices() views,
+  /// backward() only backpropagates (gathering parameters where it shards
+  /// them), and reduce_gradients_and_norm() communicates nothing and returns
+  /// 0 (the core computes the norm). Autograd leaves each backward's
+  /// gradient in .grad for the core, which drops it as soon as it is added.
+  bool exact_gradients = false;
 };
 
 /// Where a micro-step stands in its optimizer step; the loop knows all of

@@ -39,14 +39,46 @@ void check_gradient(const KitRun& run, const Reference& reference, const Fixture
   row.norm_error = std::abs(norm - reference_norm) / reference_norm;
 }
 
+namespace {
+
+// StrategyEnv::exact_gradients: a backward and reduce_gradients_and_norm
+// leave the gradient the strategy holds as it was (they accumulate and
+// reduce nothing: the core sums). Slices filled with a marker keep it.
+void check_exact_gradients_untouched(Strategy& strategy, Model& model, const Fixture& first, const KitRun& run) {
+  check_gradient_slices_are_views(strategy, run.plugin.descriptor->name);  // else a marker proves nothing
+  torch::NoGradGuard no_grad;
+  constexpr double kMarker = 0.375;
+  for (const FlatSlice& slice : strategy.gradient_slices()) slice.values.fill_(kMarker);
+  {
+    torch::AutoGradMode enabled(true);
+    const LossSum out = strategy.forward(model, rows(first, {run.world.rank}, run.device));
+    strategy.backward(out.loss_sum / static_cast<double>(first.target_tokens),
+                      MicroStep{0, true, 1, first.target_tokens});
+  }
+  strategy.reduce_gradients_and_norm();
+  for (const FlatSlice& slice : strategy.gradient_slices()) {
+    if (slice.values.numel() > 0 && !slice.values.eq(kMarker).all().item<bool>()) {
+      throw TrainingError(fmt::format(
+          "strategy '{}': set up with StrategyEnv::exact_gradients, its backward or reduce_gradients_and_norm "
+          "changed the gradient it holds; in reproducible mode the core sums the gradients and the strategy "
+          "accumulates and reduces nothing (trainer/Strategy.h)",
+          run.plugin.descriptor->name));
+    }
+  }
+  strategy.discard_gradients();
+}
+
+}  // namespace
+
 void check_reproducible(const KitRun& run, const Reference& reference, const Fixture& first, ConformanceRow& row) {
   try {
     const ReproducibleSettings settings;
     std::unique_ptr<Model> model = make_model(run.registry);
     std::unique_ptr<Strategy> strategy = run.fresh_strategy();
-    strategy->setup(*model, run.comm, StrategyEnv{run.device, &run.optimizer});
+    strategy->setup(*model, run.comm, StrategyEnv{run.device, &run.optimizer, torch::kFloat32, true});
     ExactGradients exact(*model, kGlobalBatch, run.device);
     const int64_t count = run.split.micro * run.split.accum;
+    check_exact_gradients_untouched(*strategy, *model, first, run);
     run_exact_passes(exact, *strategy, run.comm, count, [&](int64_t k) {
       const LossSum out = strategy->forward(*model, rows(first, {run.world.rank * count + k}, run.device));
       strategy->backward(out.loss_sum / static_cast<double>(first.target_tokens),

@@ -43,13 +43,11 @@ __global__ void amax_kernel(const __nv_bfloat16* x, int64_t n, bool vector, unsi
   block_amax(mine, nan, amax_bits);
 }
 
-__global__ void quantize_kernel(const __nv_bfloat16* x, int64_t n, bool vector, bool e5m2, const unsigned* amax_bits,
-                                void* out, float* inverse_scale) {
-  const float scale = scale_of(*amax_bits, e5m2 ? kE5m2Max : kE4m3Max);
-  const __nv_fp8_interpretation_t format = e5m2 ? __NV_E5M2 : __NV_E4M3;
-  if (blockIdx.x == 0 && threadIdx.x == 0) *inverse_scale = 1.0f / scale;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+// out[i] = E4M3 (or E5M2) of x[i] * scale, saturating, for i = first,
+// first + stride, ... below n; eight at a time with `vector` (x 16-byte and
+// out 8-byte aligned, n a multiple of 8).
+__device__ inline void cast_scaled(const __nv_bfloat16* x, int64_t n, bool vector, float scale,
+                                   __nv_fp8_interpretation_t format, void* out, int64_t first, int64_t stride) {
   if (vector) {
     const Bf16x8* x8 = reinterpret_cast<const Bf16x8*>(x);
     Fp8x8* out8 = static_cast<Fp8x8*>(out);
@@ -68,6 +66,15 @@ __global__ void quantize_kernel(const __nv_bfloat16* x, int64_t n, bool vector, 
       out1[i] = __nv_cvt_float_to_fp8(__bfloat162float(x[i]) * scale, __NV_SATFINITE, format);
     }
   }
+}
+
+__global__ void quantize_kernel(const __nv_bfloat16* x, int64_t n, bool vector, bool e5m2, const unsigned* amax_bits,
+                                void* out, float* inverse_scale) {
+  const float scale = scale_of(*amax_bits, e5m2 ? kE5m2Max : kE4m3Max);
+  const __nv_fp8_interpretation_t format = e5m2 ? __NV_E5M2 : __NV_E4M3;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *inverse_scale = 1.0f / scale;
+  cast_scaled(x, n, vector, scale, format, out, blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
+              int64_t(gridDim.x) * blockDim.x);
 }
 
 // E4M3 (or E5M2) of each row of a [rows, cols] x times that row's own
@@ -98,25 +105,8 @@ __global__ void quantize_rows_kernel(const __nv_bfloat16* x, int64_t cols, bool 
   __syncthreads();
   const float scale = scale_of(row_amax_bits, e5m2 ? kE5m2Max : kE4m3Max);
   if (threadIdx.x == 0) inverse_scales[row] = 1.0f / scale;
-  const __nv_fp8_interpretation_t format = e5m2 ? __NV_E5M2 : __NV_E4M3;
-  if (Vector) {
-    const Bf16x8* in8 = reinterpret_cast<const Bf16x8*>(in);
-    Fp8x8* out8 = static_cast<Fp8x8*>(out) + row * (cols / 8);
-    for (int64_t i = threadIdx.x; i < cols / 8; i += blockDim.x) {
-      const Bf16x8 chunk = in8[i];
-      Fp8x8 q;
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(chunk.v[j]);
-        q.v[j] = __nv_cvt_float2_to_fp8x2(make_float2(f.x * scale, f.y * scale), __NV_SATFINITE, format);
-      }
-      out8[i] = q;
-    }
-  } else {
-    __nv_fp8_storage_t* out1 = static_cast<__nv_fp8_storage_t*>(out) + row * cols;
-    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-      out1[i] = __nv_cvt_float_to_fp8(__bfloat162float(in[i]) * scale, __NV_SATFINITE, format);
-    }
-  }
+  cast_scaled(in, cols, Vector, scale, e5m2 ? __NV_E5M2 : __NV_E4M3, static_cast<uint8_t*>(out) + row * cols,
+              threadIdx.x, blockDim.x);
 }
 
 // E4M3 (or E5M2) of x * s for a [rows, cols] x, written transposed

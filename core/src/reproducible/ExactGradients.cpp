@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include "ops/Dispatch.h"
 #include "trainer/Errors.h"
@@ -49,9 +50,25 @@ ExactGradients::ExactGradients(Model& model, int64_t atoms, torch::Device device
   for (size_t i = 0; i < parameters_.size(); ++i) {
     hook_handles_.push_back(parameters_[i].tensor.register_hook([this, i](const torch::Tensor& g) { add(i, g); }));
   }
+  // After the accumulation: what autograd stored in .grad (the gradient
+  // itself where nothing was bound, as the strategy binds nothing in exact
+  // mode) is summed already, and is dropped at once.
+  for (const NamedParameter& p : parameters_) {
+    if (!p.tensor.requires_grad()) continue;
+    std::shared_ptr<torch::autograd::Node> node = torch::autograd::impl::grad_accumulator(p.tensor);
+    if (!node) continue;
+    node->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [dropping = dropping_, parameter = p.tensor](const torch::autograd::variable_list& outputs,
+                                                     const torch::autograd::variable_list&) {
+          if (dropping->load()) parameter.mutable_grad() = torch::Tensor();
+          return outputs;
+        }));
+    accumulators_.push_back(std::move(node));
+  }
 }
 
 ExactGradients::~ExactGradients() {
+  dropping_->store(false);
   for (size_t i = 0; i < parameters_.size(); ++i) parameters_[i].tensor.remove_hook(hook_handles_[i]);
 }
 

@@ -4,7 +4,9 @@
 // same in any order or grouping.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,10 @@ class ExactGradients {
  public:
   /// Installs a gradient hook on each of `model`'s parameters (removed by the
   /// destructor); `atoms`: backward passes of one optimizer step, all ranks.
+  /// The strategy set up with StrategyEnv::exact_gradients binds no .grad:
+  /// each gradient autograd then leaves in .grad is dropped as soon as it
+  /// is stored (a hook after the parameter's accumulation), so no backward
+  /// holds more than the gradients in flight.
   ExactGradients(Model& model, int64_t atoms, torch::Device device);
   ~ExactGradients();
   ExactGradients(const ExactGradients&) = delete;
@@ -80,6 +86,10 @@ class ExactGradients {
 
   std::vector<NamedParameter> parameters_;
   std::vector<unsigned> hook_handles_;
+  // The parameters' accumulation nodes, kept alive so that their hooks
+  // stay; the hooks drop .grad while the flag is set (until destruction).
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::shared_ptr<std::atomic<bool>> dropping_ = std::make_shared<std::atomic<bool>>(true);
   std::vector<int64_t> offsets_;  // of each parameter in accumulator_: the decay group's first
   int64_t decay_elements_ = 0;    // the decay group's elements, at the accumulator's start
   std::vector<size_t> layout_;    // the parameters in the accumulator's order

@@ -50,22 +50,31 @@ int run_exact_passes(ExactGradients& exact, Strategy& strategy, Comm& comm, int6
   }
 }
 
+namespace {
+
+[[noreturn]] void refuse_copied_slices(const std::string& strategy_name) {
+  throw TrainingError(
+      fmt::format("strategy '{}': writing into gradient_slices() did not change the gradient it "
+                  "holds; training.reproducible = true needs them to be views of the gradient "
+                  "apply_update reads (trainer/Strategy.h)",
+                  strategy_name));
+}
+
+}  // namespace
+
+void check_gradient_slices_are_views(Strategy& strategy, const std::string& strategy_name) {
+  torch::NoGradGuard no_grad;
+  for (const FlatSlice& slice : strategy.gradient_slices()) slice.values.fill_(std::nan(""));
+  for (const FlatSlice& slice : strategy.gradient_slices()) {
+    if (slice.values.numel() > 0 && !slice.values.isnan().all().item<bool>()) refuse_copied_slices(strategy_name);
+  }
+}
+
 void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& groups, const std::string& strategy_name,
                       bool probe) {
   torch::NoGradGuard no_grad;
-  const auto refuse = [&] {
-    throw TrainingError(
-        fmt::format("strategy '{}': writing into gradient_slices() did not change the gradient it "
-                    "holds; training.reproducible = true needs them to be views of the gradient "
-                    "apply_update reads (trainer/Strategy.h)",
-                    strategy_name));
-  };
-  if (probe) {
-    for (const FlatSlice& slice : strategy.gradient_slices()) slice.values.fill_(std::nan(""));
-    for (const FlatSlice& slice : strategy.gradient_slices()) {
-      if (slice.values.numel() > 0 && !slice.values.isnan().all().item<bool>()) refuse();
-    }
-  }
+  const auto refuse = [&] { refuse_copied_slices(strategy_name); };
+  if (probe) check_gradient_slices_are_views(strategy, strategy_name);
   const auto source_of = [&](const FlatSlice& slice) {
     // A slice may lie partly or wholly in its group's padding (a shard past
     // the last element: shards are padded to 64-element boundaries); only

@@ -41,13 +41,21 @@ class ReproducibleSettings {
 /// outside the fixed-point scales is reduced and discarded, keeping the
 /// strategy's call order, and run again with scales that fit it; a second
 /// refusal means the same atoms gave other gradients (TrainingError:
-/// an operator is not deterministic). Returns the passes run (1 or 2);
-/// afterwards the strategy's own sum is reduced, ready to be replaced.
+/// an operator is not deterministic). Returns the passes run (1 or 2).
+/// The strategy, set up with StrategyEnv::exact_gradients, accumulates and
+/// reduces nothing meanwhile; its reduce_gradients_and_norm is still called
+/// once a pass, in the order the contract sets.
 int run_exact_passes(ExactGradients& exact, Strategy& strategy, Comm& comm, int64_t count,
                      const std::function<void(int64_t)>& atom);
 
+/// Whether the strategy's gradient_slices() are views of the gradient it
+/// holds: NaN written through them reads back through a second call.
+/// Throws TrainingError naming the strategy (`strategy_name`) when not;
+/// leaves NaN in them.
+void check_gradient_slices_are_views(Strategy& strategy, const std::string& strategy_name);
+
 /// Writes the exact gradient `groups` (ExactGradients::reduce: whole flat
-/// groups) over the strategy's reduced gradient through gradient_slices(),
+/// groups) into the gradient the strategy holds, through gradient_slices(),
 /// and reads it back. With `probe` (a run's first step) NaN is written and
 /// read back first, so slices that are copies are caught even where the
 /// strategy's own sum happens to equal the exact one. Throws TrainingError

@@ -124,7 +124,8 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
   }
   for (const NamedParameter& p : run.model->parameters()) run.parameter_count += p.tensor.numel();
 
-  run.strategy->setup(*run.model, *run.comm, StrategyEnv{run.device, run.optimizer.get(), config.compute_dtype});
+  run.strategy->setup(*run.model, *run.comm,
+                      StrategyEnv{run.device, run.optimizer.get(), config.compute_dtype, config.reproducible});
   check_state_coverage(*run.strategy, *run.model, *run.comm, run.device, run.strategy_name);
   run.measured_setup_bytes = live_bytes(run.device) - run.memory_baseline;
 

@@ -137,8 +137,9 @@ struct StepOutcome {
 };
 
 // Reproducible mode's forward, backward and reduction: every atom's
-// gradient summed exactly (ExactGradients) and written over the strategy's
-// own sum; the norm and the loss computed the same way whatever the split.
+// gradient summed exactly (ExactGradients) and written into the gradient
+// the strategy holds (set up with exact_gradients, it sums nothing itself);
+// the norm and the loss computed the same way whatever the split.
 // A pass whose gradients left the fixed-point scales' range runs again with
 // scales that fit them (the first step's always does: no scale is known yet).
 void reproducible_reduction(RunParts& run, const std::vector<MicroBatch>& atoms, int64_t target_tokens,

@@ -25,6 +25,7 @@ ShardedStrategy::ShardedStrategy(const Options& options, std::string name, const
 void ShardedStrategy::join(Comm& world, const StrategyEnv& env) {
   groups_of_ = ShardGroups(world, shard_group_size_, name_);
   comm_ = &groups_of_.shard();
+  exact_ = env.exact_gradients;
   if (!env.optimizer) throw std::logic_error(fmt::format("strategy '{}': StrategyEnv::optimizer is null", name_));
   optimizer_ = OptimizerShards(*env.optimizer, comm_->world_size());
 }
@@ -36,6 +37,7 @@ void ShardedStrategy::keep_full_parameters(Model& model, const StrategyEnv& env)
 }
 
 void ShardedStrategy::keep_full_gradients() {
+  if (exact_) return;
   for (ParameterGroup& group : full_) {
     full_gradients_.push_back(torch::zeros_like(group.values));
     bind_gradients(group, full_gradients_.back());
@@ -43,7 +45,7 @@ void ShardedStrategy::keep_full_gradients() {
 }
 
 void ShardedStrategy::backward(const torch::Tensor& loss, const MicroStep&) {
-  if (full_gradients_.empty()) {
+  if (full_gradients_.empty() && !exact_) {
     throw TrainingError(fmt::format(
         "strategy '{}' keeps no full gradients (ShardedStrategy::keep_full_gradients), so its backward must be its own",
         name_));
@@ -52,6 +54,7 @@ void ShardedStrategy::backward(const torch::Tensor& loss, const MicroStep&) {
 }
 
 double ShardedStrategy::reduce_gradients_and_norm() {
+  if (exact_) return 0.0;
   groups_of_.finish_sums_over_replicas();
   return optimizer_.gradient_norm(*comm_);
 }

@@ -8,6 +8,10 @@
 // bucket's all-reduce starts from an autograd hook on the last micro-step as
 // soon as all its parameters' gradients are final; otherwise all buckets
 // start at the boundary. The sums are the same either way.
+//
+// With StrategyEnv::exact_gradients (reproducible mode) the core sums the
+// gradients: nothing is bound or reduced here, and the buffers only receive
+// the core's sum (gradient_slices) for the update.
 #include <cmath>
 
 #include "trainer/Strategy.h"
@@ -36,6 +40,7 @@ class DdpStrategy final : public Strategy {
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
     comm_ = &comm;
     device_ = env.device;
+    exact_ = env.exact_gradients;
     groups_ = flatten_parameters(model.parameters(), env.device, /*pad_to=*/1, torch::kFloat32, env.compute_dtype);
     // Every rank updates whole groups; the update writes the bf16 compute
     // copy in its own pass.
@@ -46,8 +51,9 @@ class DdpStrategy final : public Strategy {
       // widened exactly as it is added), so accumulation error stays fp32's
       // and no bf16 gradient buffer exists.
       grads_.push_back(shards_.groups()[g].gradient);
-      bind_gradients(groups_[g], grads_.back());
+      if (!exact_) bind_gradients(groups_[g], grads_.back());
     }
+    if (exact_) return;
     layout_ = GradientBuckets(groups_, std::max<int64_t>(1, bucket_bytes_ / 4));
     for (const GradientBucket& bucket : layout_.buckets()) {
       buckets_.push_back(Bucket{grads_[bucket.group].narrow(0, bucket.begin, bucket.numel()), {}, nullptr});
@@ -57,6 +63,10 @@ class DdpStrategy final : public Strategy {
   }
 
   void backward(const torch::Tensor& loss, const MicroStep& micro) override {
+    if (exact_) {
+      loss.backward();
+      return;
+    }
     const bool overlapped = overlap_ && micro.is_last && comm_->world_size() > 1;
     layout_.arm(overlapped);
     loss.backward();
@@ -75,6 +85,7 @@ class DdpStrategy final : public Strategy {
   }
 
   double reduce_gradients_and_norm() override {
+    if (exact_) return 0.0;
     torch::NoGradGuard no_grad;
     start_the_rest();
     for (Bucket& bucket : buckets_) {
@@ -152,6 +163,7 @@ class DdpStrategy final : public Strategy {
 
   Comm* comm_ = nullptr;
   torch::Device device_ = torch::kCPU;
+  bool exact_ = false;  // StrategyEnv::exact_gradients: no buckets, nothing bound
   bool order_agreed_ = false;
   std::vector<ParameterGroup> groups_;
   OptimizerShards shards_;            // whole groups: values view groups_, state, accumulators

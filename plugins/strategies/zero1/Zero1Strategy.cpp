@@ -10,7 +10,9 @@
 // At world size 1 the shard is the whole buffer and the arithmetic is ddp's.
 // With shard_group_size = s < world (hybrid sharding) "world" above reads
 // s: the reduce-scatter and all-gather run within each group of s ranks,
-// and the reduced shard is summed over the groups (ShardGroups).
+// and the reduced shard is summed over the groups (ShardGroups). With
+// StrategyEnv::exact_gradients (reproducible mode) the core sums the
+// gradients: no full gradient is kept and nothing is reduced.
 #include <algorithm>
 
 #include "trainer/sharding/ShardedStrategy.h"
@@ -33,6 +35,7 @@ class Zero1Strategy final : public ShardedStrategy {
   }
 
   double reduce_gradients_and_norm() override {
+    if (exact_gradients()) return ShardedStrategy::reduce_gradients_and_norm();  // nothing to reduce
     torch::NoGradGuard no_grad;
     const std::vector<torch::Tensor>& grads = full_gradients();
     for (size_t g = 0; g < grads.size(); ++g) {

@@ -10,7 +10,9 @@
 // fp32 buffer as its parameters' .grad just before its gradients arrive;
 // once they are final it is reduced to the ranks whose shards hold it and
 // *added* into their accumulators (StreamedGradients). The accumulator is
-// zeroed only after the update (or a discarded step).
+// zeroed only after the update (or a discarded step). With
+// StrategyEnv::exact_gradients (reproducible mode) the core sums the
+// gradients: no bucket exists and nothing is reduced.
 //
 // With shard_group_size = s < world (hybrid sharding) "world" above reads
 // s: buckets are reduced within each group of s ranks every micro-step; in
@@ -40,6 +42,7 @@ class Zero2Strategy final : public ShardedStrategy {
     world_ = &comm;
     device_ = env.device;
     keep_full_parameters(model, env);
+    if (exact_gradients()) return;  // the core sums the gradients: no buckets
     gradients_ = std::make_unique<StreamedGradients>(
         full_groups(), bucket_numel_, [this](const GradientBucket& bucket, const torch::Tensor& buffer) {
           // Reduced in reduce_dtype (fp32 by default), then added into the fp32 accumulator.
@@ -56,6 +59,7 @@ class Zero2Strategy final : public ShardedStrategy {
   }
 
   void backward(const torch::Tensor& loss, const MicroStep& micro) override {
+    if (exact_gradients()) return ShardedStrategy::backward(loss, micro);
     last_micro_ = micro.is_last;
     gradients_->backward(loss);
     // Once, over the world (the replica sums follow the same order): buckets
@@ -66,6 +70,7 @@ class Zero2Strategy final : public ShardedStrategy {
 
   MemoryReport memory() const override {
     MemoryReport report = ShardedStrategy::memory();
+    if (!gradients_) return report;  // exact gradients: no buckets
     report.peak_transient_gradient_bytes = gradients_->peak_bytes();
     // Its step-local buffers; a bf16 reduce_dtype adds a half-size copy of
     // each bucket while it is sent (not counted).

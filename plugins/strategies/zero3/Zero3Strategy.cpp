@@ -31,6 +31,10 @@
 // group of s ranks; in the step's last backward each unit's piece of the
 // shard, once final, is summed over the groups (fp32, ShardGroups) while
 // the units before it compute.
+//
+// With StrategyEnv::exact_gradients (reproducible mode) the core sums the
+// gradients: units are gathered and released as above, but no gradient
+// buffer is bound and nothing is reduce-scattered.
 #include <atomic>
 #include <cmath>
 #include <mutex>
@@ -367,11 +371,13 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
     const size_t index = static_cast<size_t>(&unit - units_.data());
     for (size_t k = 1; k <= static_cast<size_t>(prefetch_) && k <= index; ++k) start_gather(units_[index - k]);
     // fp32 whatever the compute dtype: autograd widens bf16 gradients exactly as it adds them.
+    // None with exact gradients: the core sums them.
     for (UnitRange& r : unit.ranges) {
+      if (exact_gradients()) break;
       r.grads = torch::zeros(r.values.sizes(), r.values.options().dtype(torch::kFloat32));
       count_transient(bytes_of(r.grads));
     }
-    for (size_t i = 0; i < unit.params.size(); ++i) {
+    for (size_t i = 0; i < unit.params.size() && !exact_gradients(); ++i) {
       const auto& [range, offset] = unit.param_at[i];
       torch::Tensor& param = unit.params[i];
       param.mutable_grad() = unit.ranges[range].grads.narrow(0, offset, param.numel()).view(param.sizes());
@@ -385,6 +391,11 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
   // its buffers. The previous unit's reduction completes first: one in flight.
   void finish_backward(Unit& unit) {
     torch::NoGradGuard no_grad;
+    if (exact_gradients()) {  // nothing to reduce: the unit's parameters go
+      unit.in_backward = false;
+      release_unit(unit);
+      return;
+    }
     complete_reduction();
     const int world = shard_comm().world_size();
     PendingReduction pending;

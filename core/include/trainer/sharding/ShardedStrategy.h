@@ -26,10 +26,12 @@ class ShardedStrategy : public Strategy {
   /// adds the micro-step's gradient into them, never overwriting. A stage
   /// with a gradient path of its own overrides it; without full gradients
   /// this throws TrainingError naming the stage, never trains silently.
+  /// With exact_gradients(): only backpropagates (the core sums).
   void backward(const torch::Tensor& loss, const MicroStep& micro) override;
   /// Waits for the sums over replica groups started during backward, then
   /// returns the norm of the whole gradient (stages whose reductions end
-  /// within backward: zero2, zero3). Collective.
+  /// within backward: zero2, zero3). Collective. With exact_gradients():
+  /// 0, communicating nothing (StrategyEnv::exact_gradients).
   double reduce_gradients_and_norm() override;
   /// The optimizer's step on this rank's shards; with full parameters (keep_full_parameters)
   /// the updated shards all-gathered into them within the shard group; then
@@ -59,8 +61,12 @@ class ShardedStrategy : public Strategy {
   ShardedStrategy(const Options& options, std::string name, const Context& context);
 
   /// First in a stage's setup, collective over `world`: forms the shard and
-  /// replica groups and takes the optimizer (env.optimizer).
+  /// replica groups and takes the optimizer (env.optimizer) and
+  /// env.exact_gradients.
   void join(Comm& world, const StrategyEnv& env);
+  /// StrategyEnv::exact_gradients: the core sums the gradients; the stage
+  /// binds no .grad and reduces nothing.
+  bool exact_gradients() const { return exact_; }
   /// For stages whose every rank keeps the full parameters (zero1, zero2):
   /// the model's parameters moved into flat groups padded to a multiple of
   /// the shard group's size, the optimizer viewing this rank's shard of
@@ -70,7 +76,8 @@ class ShardedStrategy : public Strategy {
   /// For stages that accumulate the whole gradient before reducing it
   /// (zero1): an fp32 buffer per full group, bound as its parameters'
   /// .grad, so that autograd adds every micro-step into it (bf16 gradients
-  /// widened exactly). After keep_full_parameters().
+  /// widened exactly). After keep_full_parameters(). None with
+  /// exact_gradients().
   void keep_full_gradients();
   /// keep_full_gradients()'s buffers, per group; empty otherwise.
   std::vector<torch::Tensor>& full_gradients() { return full_gradients_; }
@@ -91,6 +98,7 @@ class ShardedStrategy : public Strategy {
   std::string name_;
   torch::Dtype reduce_dtype_;
   int64_t shard_group_size_;
+  bool exact_ = false;
   ShardGroups groups_of_;
   Comm* comm_ = nullptr;  // the shard group
   std::vector<ParameterGroup> full_;
