@@ -10,7 +10,10 @@
 // The accumulation contract (`trainer check-plugin @NAME@` checks it): the
 // loss handed to backward() is already divided by the step's target tokens
 // over all micro-batches and ranks, so the strategy only sums: across
-// micro-steps (never overwriting) and across ranks (never averaging).
+// micro-steps (never overwriting) and across ranks (never averaging). In
+// reproducible mode (StrategyEnv::exact_gradients) the core sums the
+// gradients instead: keep_full_gradients() then keeps none, so the loop
+// below reduces nothing, and ShardedStrategy's backward only backpropagates.
 #include "trainer/Strategy.h"
 #include "trainer/sharding/ShardedStrategy.h"
 
