@@ -76,7 +76,7 @@ void check_reproducible(const KitRun& run, const Reference& reference, const Fix
     std::unique_ptr<Model> model = make_model(run.registry);
     std::unique_ptr<Strategy> strategy = run.fresh_strategy();
     strategy->setup(*model, run.comm, StrategyEnv{run.device, &run.optimizer, torch::kFloat32, true});
-    ExactGradients exact(*model, kGlobalBatch, run.device);
+    ExactGradients exact(*model, kGlobalBatch, run.device, strategy.get(), run.plugin.descriptor->name);
     const int64_t count = run.split.micro * run.split.accum;
     check_exact_gradients_untouched(*strategy, *model, first, run);
     run_exact_passes(exact, *strategy, run.comm, count, [&](int64_t k) {
@@ -85,7 +85,7 @@ void check_reproducible(const KitRun& run, const Reference& reference, const Fix
                          MicroStep{k, k == count - 1, count, first.target_tokens});
     });
     const std::vector<torch::Tensor> gradient = exact.reduce(run.comm);
-    install_gradient(*strategy, gradient, run.plugin.descriptor->name, /*probe=*/true);
+    install_gradient(*strategy, gradient, run.plugin.descriptor->name);
     row.reproducible_error = relative_error(strategy->gradient_slices(), reference.grads());
     std::vector<torch::Tensor> host;
     for (const torch::Tensor& g : gradient) host.push_back(g.cpu().contiguous());

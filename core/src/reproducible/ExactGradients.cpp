@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include "ops/Dispatch.h"
+#include "reproducible/ReproducibleMode.h"
 #include "trainer/Errors.h"
 
 namespace trainer {
@@ -21,9 +22,26 @@ int ceil_log2(int64_t n) {
   return bits;
 }
 
+constexpr int64_t kLimb = int64_t(1) << 32;
+
+// Whether `slices` are the groups of `sizes` each whole: one fp32
+// contiguous slice per group, in order, from offset 0, on `device`.
+bool whole_groups(const std::vector<FlatSlice>& slices, const std::vector<int64_t>& sizes, torch::Device device) {
+  if (slices.size() != sizes.size()) return false;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    const FlatSlice& s = slices[g];
+    if (s.group != g || s.offset != 0 || s.values.numel() != sizes[g] || s.values.scalar_type() != torch::kFloat32 ||
+        !s.values.is_contiguous() || s.values.device() != device) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
-ExactGradients::ExactGradients(Model& model, int64_t atoms, torch::Device device)
+ExactGradients::ExactGradients(Model& model, int64_t atoms, torch::Device device, Strategy* strategy,
+                               const std::string& strategy_name)
     : parameters_(model.parameters()), bits_(61 - ceil_log2(std::max<int64_t>(1, atoms))) {
   // Laid out as reduce() returns the sum: the decay group's parameters, then
   // the others, each in the model's order. reduce() then converts in place.
@@ -38,7 +56,28 @@ ExactGradients::ExactGradients(Model& model, int64_t atoms, torch::Device device
     }
     if (decay) decay_elements_ = total;
   }
-  accumulator_ = torch::zeros({total}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  if (strategy != nullptr) {
+    // The core writes the sum through the slices: views, or the run stops here.
+    check_gradient_slices_are_views(*strategy, strategy_name);
+    const std::vector<FlatSlice> slices = strategy->gradient_slices();
+    std::vector<int64_t> sizes;
+    for (const int64_t n : {decay_elements_, total - decay_elements_}) {
+      if (n > 0) sizes.push_back(n);
+    }
+    // The limbs' arithmetic is ATen's on the CPU; the CUDA kernel adds int64 sums.
+    limbs_ = !device.is_cuda() && whole_groups(slices, sizes, device);
+    torch::NoGradGuard no_grad;
+    for (const FlatSlice& slice : slices) {
+      slice.values.zero_();  // the probe's NaN gone
+      if (limbs_) strategy_.push_back(slice.values);
+    }
+  }
+  const auto on = torch::TensorOptions().device(device);
+  if (limbs_) {
+    high_ = torch::zeros({total}, on.dtype(torch::kInt32));
+  } else {
+    accumulator_ = torch::zeros({total}, on.dtype(torch::kInt64));
+  }
   largest_ = torch::zeros({static_cast<int64_t>(parameters_.size())},
                           torch::TensorOptions().dtype(torch::kFloat64).device(device));
   exponents_.assign(parameters_.size(), kUnknown);
@@ -74,7 +113,13 @@ ExactGradients::~ExactGradients() {
 
 void ExactGradients::begin_pass(int64_t local_atoms) {
   local_atoms_ = local_atoms;
-  accumulator_.zero_();
+  torch::NoGradGuard no_grad;
+  if (limbs_) {
+    high_.zero_();
+    for (const torch::Tensor& g : strategy_) g.zero_();  // +0.0f: every low limb 0
+  } else {
+    accumulator_.zero_();
+  }
   largest_.zero_();
   calls_.assign(parameters_.size(), 0);
   nonfinite_ = false;
@@ -90,7 +135,7 @@ void ExactGradients::add(size_t parameter, const torch::Tensor& gradient) {
   const int64_t exponent = exponents_[parameter];
   const double limit = std::ldexp(1.0, bits_);
 #ifdef TRAINER_CUDA_KERNELS
-  if (ops::use_kernels(gradient)) {
+  if (ops::use_kernels(gradient) && !limbs_) {
     const torch::Tensor g = gradient.detach().contiguous();
     const ops::KernelLaunch launch("fixed_point_add", {g, accumulator_, largest_});
     ops::kernels::fixed_point_add(ops::kernel_dtype(g), g.data_ptr(),
@@ -119,8 +164,36 @@ void ExactGradients::add(size_t parameter, const torch::Tensor& gradient) {
                                 .nan_to_num_(0.0, limit, -limit)
                                 .clamp_(-limit, limit)
                                 .to(torch::kInt64);
-    accumulator_.narrow(0, offsets_[parameter] + start, n).add_(q);
+    const int64_t at = offsets_[parameter] + start;
+    if (limbs_) {
+      store(at, n, combined(at, n).add_(q));
+    } else {
+      accumulator_.narrow(0, at, n).add_(q);
+    }
   }
+}
+
+torch::Tensor ExactGradients::low(int64_t start, int64_t n) const {
+  const bool decay = decay_elements_ > 0 && start < decay_elements_;
+  const size_t group = decay || decay_elements_ == 0 ? 0 : 1;
+  return strategy_[group].view(torch::kInt32).narrow(0, decay ? start : start - decay_elements_, n);
+}
+
+torch::Tensor ExactGradients::combined(int64_t start, int64_t n) const {
+  // The low limb's 32 bits read as unsigned: int32 widened, then masked.
+  const torch::Tensor lo = low(start, n).to(torch::kInt64).bitwise_and(kLimb - 1);
+  return high_.narrow(0, start, n).to(torch::kInt64).mul_(kLimb).add_(lo);
+}
+
+void ExactGradients::store(int64_t start, int64_t n, const torch::Tensor& sums) {
+  // sums = high 2^32 + low with low in [0, 2^32) (floor division: exact on
+  // int64); |sums| < 2^62, so high fits int32. low is kept as the int32 of
+  // the same 32 bits: low - 2^32 where low >= 2^31.
+  const torch::Tensor high = sums.div(kLimb, "floor");
+  torch::Tensor lo = sums - high * kLimb;
+  lo.sub_(lo.ge(kLimb / 2).to(torch::kInt64).mul_(kLimb));
+  high_.narrow(0, start, n).copy_(high);
+  low(start, n).copy_(lo);
 }
 
 bool ExactGradients::end_pass(Comm& comm) {
@@ -172,6 +245,7 @@ bool ExactGradients::end_pass(Comm& comm) {
 
 std::vector<torch::Tensor> ExactGradients::reduce(Comm& comm) {
   torch::NoGradGuard no_grad;
+  if (limbs_) return reduce_limbs(comm);
   if (comm.world_size() > 1) comm.all_reduce_sum(accumulator_);
   // The fp32 sums are written over the accumulator's own memory: element k's
   // fp32 value takes bytes [4k, 4k + 4), which hold int64 element k / 2
@@ -203,6 +277,30 @@ std::vector<torch::Tensor> ExactGradients::reduce(Comm& comm) {
   }
   exponents_ = pending_;  // the next step's scales follow this step's contributions
   return groups;
+}
+
+std::vector<torch::Tensor> ExactGradients::reduce_limbs(Comm& comm) {
+  // Per parameter and chunk: the int64 sums made from both limbs, summed
+  // over ranks (int64, exact), converted as reduce() does and written over
+  // the low limbs they were read from (the same elements: the strategy's
+  // gradient, as fp32).
+  for (const size_t i : layout_) {
+    const int64_t numel = parameters_[i].tensor.numel();
+    const torch::Tensor into = low(offsets_[i], numel).view(torch::kFloat32);
+    if (exponents_[i] == kUnknown) {
+      into.zero_();
+      continue;
+    }
+    const double scale = std::ldexp(1.0, -static_cast<int>(exponents_[i]));
+    for (int64_t start = 0; start < numel; start += kConvertChunk) {
+      const int64_t n = std::min(kConvertChunk, numel - start);
+      torch::Tensor sums = combined(offsets_[i] + start, n);
+      if (comm.world_size() > 1) comm.all_reduce_sum(sums);
+      into.narrow(0, start, n).copy_(sums.to(torch::kFloat64).mul_(scale));
+    }
+  }
+  exponents_ = pending_;
+  return strategy_;
 }
 
 void ExactGradients::set_exponents(const std::vector<int64_t>& exponents) {

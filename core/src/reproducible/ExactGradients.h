@@ -14,6 +14,7 @@
 
 #include "trainer/Comm.h"
 #include "trainer/Model.h"
+#include "trainer/Strategy.h"
 
 namespace trainer {
 
@@ -43,7 +44,19 @@ class ExactGradients {
   /// each gradient autograd then leaves in .grad is dropped as soon as it
   /// is stored (a hook after the parameter's accumulation), so no backward
   /// holds more than the gradients in flight.
-  ExactGradients(Model& model, int64_t atoms, torch::Device device);
+  ///
+  /// With `strategy` (set up with exact_gradients, named `strategy_name` in
+  /// errors): its gradient_slices() are checked to be views (TrainingError
+  /// otherwise) and, on the CPU, where they are each group whole (ddp; every
+  /// stage at world size 1), each int64 sum is held as two 32-bit limbs:
+  /// the low one in the strategy's own fp32 gradient memory (viewed as
+  /// int32; nothing else writes it in exact mode), the high one here.
+  /// reduce() then converts each sum over its own low limb, so the groups it
+  /// returns are the strategy's gradient itself: 4 bytes a parameter beside
+  /// the strategy's buffer instead of 8. The sums, and so the bits, are the
+  /// same either way.
+  ExactGradients(Model& model, int64_t atoms, torch::Device device, Strategy* strategy = nullptr,
+                 const std::string& strategy_name = "");
   ~ExactGradients();
   ExactGradients(const ExactGradients&) = delete;
   ExactGradients& operator=(const ExactGradients&) = delete;
@@ -62,9 +75,13 @@ class ExactGradients {
   /// as flat fp32 groups laid out as flatten_parameters() does (decay, then
   /// no decay; empty groups left out; padding excluded). Scales then follow
   /// this step's contributions for the next step. The groups are views of
-  /// the accumulator's memory (converted in place: no copy of the gradient),
-  /// valid until the next begin_pass().
+  /// the accumulator's memory (converted in place: no copy of the gradient;
+  /// with limbs, the strategy's gradient itself), valid until the next
+  /// begin_pass().
   std::vector<torch::Tensor> reduce(Comm& comm);
+  /// Whether the sums live in the strategy's gradient (the limbs above):
+  /// reduce()'s groups are then the strategy's gradient slices themselves.
+  bool sums_in_strategy() const { return limbs_; }
 
   /// Per parameter, s_p (kUnknown before a parameter's first contribution).
   const std::vector<int64_t>& exponents() const { return exponents_; }
@@ -83,6 +100,12 @@ class ExactGradients {
 
  private:
   void add(size_t parameter, const torch::Tensor& gradient);
+  // With limbs: the low limbs of the accumulator's elements [start, start + n)
+  // (one group's), the int64 sums they make with the high limbs, and a sum stored back.
+  torch::Tensor low(int64_t start, int64_t n) const;
+  torch::Tensor combined(int64_t start, int64_t n) const;
+  void store(int64_t start, int64_t n, const torch::Tensor& sums);
+  std::vector<torch::Tensor> reduce_limbs(Comm& comm);
 
   std::vector<NamedParameter> parameters_;
   std::vector<unsigned> hook_handles_;
@@ -93,8 +116,11 @@ class ExactGradients {
   std::vector<int64_t> offsets_;  // of each parameter in accumulator_: the decay group's first
   int64_t decay_elements_ = 0;    // the decay group's elements, at the accumulator's start
   std::vector<size_t> layout_;    // the parameters in the accumulator's order
-  torch::Tensor accumulator_;     // int64, every parameter back to back
-  torch::Tensor largest_;         // fp64 [parameters]: the pass's max |g| per parameter
+  torch::Tensor accumulator_;     // int64, every parameter back to back (without limbs)
+  bool limbs_ = false;
+  torch::Tensor high_;                   // with limbs: int32, every parameter back to back
+  std::vector<torch::Tensor> strategy_;  // with limbs: the strategy's fp32 gradient, per group
+  torch::Tensor largest_;                // fp64 [parameters]: the pass's max |g| per parameter
   std::vector<int64_t> exponents_;
   std::vector<int64_t> pending_;  // exponents the last accepted pass's contributions ask for
   std::vector<int64_t> calls_;    // contributions per parameter in this pass

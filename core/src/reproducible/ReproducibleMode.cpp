@@ -70,11 +70,9 @@ void check_gradient_slices_are_views(Strategy& strategy, const std::string& stra
   }
 }
 
-void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& groups, const std::string& strategy_name,
-                      bool probe) {
+void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& groups, const std::string& strategy_name) {
   torch::NoGradGuard no_grad;
   const auto refuse = [&] { refuse_copied_slices(strategy_name); };
-  if (probe) check_gradient_slices_are_views(strategy, strategy_name);
   const auto source_of = [&](const FlatSlice& slice) {
     // A slice may lie partly or wholly in its group's padding (a shard past
     // the last element: shards are padded to 64-element boundaries); only
@@ -90,7 +88,8 @@ void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& grou
   };
   for (const FlatSlice& slice : strategy.gradient_slices()) {
     const auto [n, source] = source_of(slice);
-    if (n > 0) slice.values.narrow(0, 0, n).copy_(source);
+    // Where the sums were converted in the strategy's own memory (ExactGradients' limbs) they are there already.
+    if (n > 0 && slice.values.data_ptr() != source.data_ptr()) slice.values.narrow(0, 0, n).copy_(source);
   }
   for (const FlatSlice& slice : strategy.gradient_slices()) {
     const auto [n, source] = source_of(slice);

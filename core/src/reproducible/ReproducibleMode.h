@@ -55,13 +55,12 @@ int run_exact_passes(ExactGradients& exact, Strategy& strategy, Comm& comm, int6
 void check_gradient_slices_are_views(Strategy& strategy, const std::string& strategy_name);
 
 /// Writes the exact gradient `groups` (ExactGradients::reduce: whole flat
-/// groups) into the gradient the strategy holds, through gradient_slices(),
-/// and reads it back. With `probe` (a run's first step) NaN is written and
-/// read back first, so slices that are copies are caught even where the
-/// strategy's own sum happens to equal the exact one. Throws TrainingError
-/// naming the strategy when the slices are not views of the gradient it holds.
-void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& groups, const std::string& strategy_name,
-                      bool probe);
+/// groups) into the gradient the strategy holds, through gradient_slices()
+/// (nothing to write where a group is that gradient already), and reads it
+/// back. Throws TrainingError naming the strategy when it does not land
+/// (ExactGradients' construction checked the slices are views, with NaN, so
+/// copies are caught even where they happen to equal the sum).
+void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& groups, const std::string& strategy_name);
 
 /// The L2 norm of the whole gradient, from the whole groups every rank
 /// holds: no sum over ranks, so every rank and split gets the same bits.

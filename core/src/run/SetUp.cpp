@@ -150,8 +150,9 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
   // After the strategy's setup: its hooks and bound buffers are in place, and
   // these hooks only read the gradients passing through.
   if (run.reproducible) {
-    run.exact = std::make_unique<ExactGradients>(
-        *run.model, config.shape.global_batch_size() / config.reproducible_atom, run.device);
+    run.exact =
+        std::make_unique<ExactGradients>(*run.model, config.shape.global_batch_size() / config.reproducible_atom,
+                                         run.device, run.strategy.get(), run.strategy_name);
   }
   return run;
 }

@@ -47,7 +47,6 @@ struct RunParts {
   int64_t measured_after_step_bytes = -1;
   int64_t measured_step_peak_bytes = -1;  ///< the most live within the first step, above memory_baseline
   // Reproducible mode only; declared last, so the hooks go before the model.
-  bool gradient_probed = false;  // install_gradient's check for copies ran
   std::unique_ptr<ReproducibleSettings> reproducible;
   std::unique_ptr<ExactGradients> exact;
 };
