@@ -1148,5 +1148,45 @@ TEST(OpsGpu, FixedPointKernelGivesTheCpuPathsSum) {
   }
 }
 
+// The fixed-point kernel's limb variant (ExactGradients' limbs: sum = high
+// 2^32 + low, the low limb's bits unsigned) adds what the int64 variant
+// adds, bit for bit: starting sums of both signs up to 2^61 (and the limb
+// edges 0, -1, +-2^31, +-2^32), contributions up to 2^42 (so carries and
+// borrows cross the limbs), fp32 and bf16 gradients with a NaN-free
+// largest magnitude the same. The low limb's storage is fp32 memory in
+// ExactGradients; here plain int32.
+TEST(OpsGpu, FixedPointLimbKernelAddsWhatTheInt64KernelAdds) {
+  REQUIRE_CUDA();
+  torch::manual_seed(5);
+  const int64_t n = 100003;
+  constexpr int64_t kLimb = int64_t(1) << 32;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const torch::Tensor g = (torch::randn({n}) * torch::pow(2.0, -20.0 * torch::rand({n}))).to(kCuda, dtype);
+    torch::Tensor start = torch::randint(-(int64_t(1) << 61), int64_t(1) << 61, {n}, torch::kInt64);
+    start.narrow(0, 0, 9).copy_(torch::tensor(
+        {int64_t(0), int64_t(-1), kLimb / 2, -kLimb / 2, kLimb, -kLimb, kLimb - 1, -kLimb - 1, kLimb / 2 - 1}));
+    const torch::Tensor whole = start.to(kCuda);
+    const torch::Tensor high_cpu = start.div(kLimb, "floor");
+    const torch::Tensor low_cpu = start - high_cpu * kLimb;  // [0, 2^32): its int32 bits, below
+    torch::Tensor high = high_cpu.to(torch::kInt32).to(kCuda);
+    torch::Tensor low = (low_cpu - low_cpu.ge(kLimb / 2).to(torch::kInt64) * kLimb).to(torch::kInt32).to(kCuda);
+    const auto f64 = torch::TensorOptions().device(kCuda).dtype(torch::kFloat64);
+    const torch::Tensor largest_whole = torch::zeros({1}, f64), largest_limbs = torch::zeros({1}, f64);
+    const double scale = std::ldexp(1.0, 40), limit = std::ldexp(1.0, 50);
+    const auto kernel_dtype = dtype == torch::kFloat32 ? ops::kernels::Dtype::Float32 : ops::kernels::Dtype::BFloat16;
+    ops::kernels::fixed_point_add(kernel_dtype, g.data_ptr(), whole.data_ptr<int64_t>(), n, scale, limit, true,
+                                  largest_whole.data_ptr<double>(), stream);
+    ops::kernels::fixed_point_add_limbs(kernel_dtype, g.data_ptr(), low.data_ptr<int32_t>(), high.data_ptr<int32_t>(),
+                                        n, scale, limit, true, largest_limbs.data_ptr<double>(), stream);
+    const torch::Tensor sums =
+        high.cpu().to(torch::kInt64) * kLimb + low.cpu().to(torch::kInt64).bitwise_and(kLimb - 1);
+    EXPECT_TRUE(torch::equal(sums, whole.cpu())) << dtype;
+    EXPECT_FALSE(torch::equal(whole.cpu(), start)) << "nothing was added";
+    EXPECT_FALSE(torch::equal(high.cpu().to(torch::kInt64), high_cpu)) << "no carry crossed the limbs";
+    EXPECT_EQ(largest_whole.item<double>(), largest_limbs.item<double>()) << dtype;
+  }
+}
+
 }  // namespace
 }  // namespace trainer
