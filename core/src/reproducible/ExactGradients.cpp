@@ -246,18 +246,22 @@ bool ExactGradients::end_pass(Comm& comm) {
 
 std::vector<torch::Tensor> ExactGradients::reduce(Comm& comm) {
   torch::NoGradGuard no_grad;
-  if (limbs_) return reduce_limbs(comm);
-  if (comm.world_size() > 1) comm.all_reduce_sum(accumulator_);
-  // The fp32 sums are written over the accumulator's own memory: element k's
-  // fp32 value takes bytes [4k, 4k + 4), which hold int64 element k / 2
-  // (rounded down), read before it is overwritten: elements go in increasing
-  // order, a chunk at a time, each chunk read whole into fp64 before
-  // any of it is written. No memory beyond the accumulator and one chunk.
-  const torch::Tensor sums = accumulator_.view(torch::kFloat32).narrow(0, 0, accumulator_.numel());
-  const int64_t chunk = accumulator_.is_cuda() ? kDeviceConvertChunk : kConvertChunk;
+  if (!limbs_ && comm.world_size() > 1) comm.all_reduce_sum(accumulator_);
+  // The fp32 sums are written over the sums' own memory. Without limbs:
+  // element k's fp32 value takes bytes [4k, 4k + 4) of the accumulator,
+  // which hold int64 element k / 2 (rounded down), read before it is
+  // overwritten: elements go in increasing order, a chunk at a time, each
+  // chunk read whole into fp64 before any of it is written. No memory
+  // beyond the accumulator and one chunk. With limbs: over element k's own
+  // low limb (the strategy's gradient, as fp32), each chunk's int64 sums
+  // made from both limbs and summed over ranks (int64, exact) first.
+  const torch::Tensor whole =
+      limbs_ ? torch::Tensor() : accumulator_.view(torch::kFloat32).narrow(0, 0, accumulator_.numel());
+  const int64_t chunk = largest_.is_cuda() ? kDeviceConvertChunk : kConvertChunk;
   for (const size_t i : layout_) {
     const int64_t numel = parameters_[i].tensor.numel();
-    const torch::Tensor into = sums.narrow(0, offsets_[i], numel);
+    const torch::Tensor into =
+        limbs_ ? low(offsets_[i], numel).view(torch::kFloat32) : whole.narrow(0, offsets_[i], numel);
     if (exponents_[i] == kUnknown) {
       into.zero_();
       continue;
@@ -268,40 +272,18 @@ std::vector<torch::Tensor> ExactGradients::reduce(Comm& comm) {
     const double scale = std::ldexp(1.0, -static_cast<int>(exponents_[i]));
     for (int64_t start = 0; start < numel; start += chunk) {
       const int64_t n = std::min(chunk, numel - start);
-      into.narrow(0, start, n).copy_(accumulator_.narrow(0, offsets_[i] + start, n).to(torch::kFloat64).mul_(scale));
-    }
-  }
-  std::vector<torch::Tensor> groups;
-  if (decay_elements_ > 0) groups.push_back(sums.narrow(0, 0, decay_elements_));
-  if (accumulator_.numel() > decay_elements_) {
-    groups.push_back(sums.narrow(0, decay_elements_, accumulator_.numel() - decay_elements_));
-  }
-  exponents_ = pending_;  // the next step's scales follow this step's contributions
-  return groups;
-}
-
-std::vector<torch::Tensor> ExactGradients::reduce_limbs(Comm& comm) {
-  // Per parameter and chunk: the int64 sums made from both limbs, summed
-  // over ranks (int64, exact), converted as reduce() does and written over
-  // the low limbs they were read from (the same elements: the strategy's
-  // gradient, as fp32).
-  for (const size_t i : layout_) {
-    const int64_t numel = parameters_[i].tensor.numel();
-    const torch::Tensor into = low(offsets_[i], numel).view(torch::kFloat32);
-    if (exponents_[i] == kUnknown) {
-      into.zero_();
-      continue;
-    }
-    const double scale = std::ldexp(1.0, -static_cast<int>(exponents_[i]));
-    for (int64_t start = 0; start < numel; start += kConvertChunk) {
-      const int64_t n = std::min(kConvertChunk, numel - start);
-      torch::Tensor sums = combined(offsets_[i] + start, n);
-      if (comm.world_size() > 1) comm.all_reduce_sum(sums);
+      torch::Tensor sums = limbs_ ? combined(offsets_[i] + start, n) : accumulator_.narrow(0, offsets_[i] + start, n);
+      if (limbs_ && comm.world_size() > 1) comm.all_reduce_sum(sums);
       into.narrow(0, start, n).copy_(sums.to(torch::kFloat64).mul_(scale));
     }
   }
-  exponents_ = pending_;
-  return strategy_;
+  exponents_ = pending_;  // the next step's scales follow this step's contributions
+  if (limbs_) return strategy_;
+  std::vector<torch::Tensor> groups;
+  if (decay_elements_ > 0) groups.push_back(whole.narrow(0, 0, decay_elements_));
+  if (whole.numel() > decay_elements_)
+    groups.push_back(whole.narrow(0, decay_elements_, whole.numel() - decay_elements_));
+  return groups;
 }
 
 void ExactGradients::set_exponents(const std::vector<int64_t>& exponents) {

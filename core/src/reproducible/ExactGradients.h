@@ -105,7 +105,6 @@ class ExactGradients {
   torch::Tensor low(int64_t start, int64_t n) const;
   torch::Tensor combined(int64_t start, int64_t n) const;
   void store(int64_t start, int64_t n, const torch::Tensor& sums);
-  std::vector<torch::Tensor> reduce_limbs(Comm& comm);
 
   std::vector<NamedParameter> parameters_;
   std::vector<unsigned> hook_handles_;
