@@ -1122,6 +1122,28 @@ class Pushed : public Model {
   torch::Tensor w_;
 };
 
+// A strategy holding Pushed's gradient whole, one fp32 group: ExactGradients
+// then keeps its sums as limbs, the low one in this buffer.
+class WholeGradient : public Strategy {
+ public:
+  explicit WholeGradient(torch::Device device) : gradient_(torch::zeros({300 * 7}, torch::device(device))) {}
+  void setup(Model&, Comm&, const StrategyEnv&) override {}
+  void backward(const torch::Tensor& loss, const MicroStep&) override { loss.backward(); }
+  double reduce_gradients_and_norm() override { return 0.0; }
+  void apply_update(const UpdateArgs&) override {}
+  void discard_gradients() override {}
+  MemoryReport memory() const override { return {}; }
+  std::vector<FlatSlice> gradient_slices() const override { return {FlatSlice{0, 0, gradient_}}; }
+  std::vector<FlatSlice> parameter_slices() const override { return {}; }
+  std::vector<StateSlice> state_slices() override { return {}; }
+  void state_loaded() override {}
+
+ private:
+  torch::Tensor gradient_;
+};
+
+// Also the limbs (fixed_point_add_limbs on CUDA, ATen's arithmetic on the
+// CPU): all four give the same sums.
 TEST(OpsGpu, FixedPointKernelGivesTheCpuPathsSum) {
   REQUIRE_CUDA();
   const std::unique_ptr<Comm> comm = make_single_process_comm();
@@ -1130,21 +1152,30 @@ TEST(OpsGpu, FixedPointKernelGivesTheCpuPathsSum) {
     std::vector<torch::Tensor> parts;
     for (int i = 0; i < 16; ++i)
       parts.push_back(torch::randn({300, 7}) * torch::pow(2.0, -30.0 * torch::rand({300, 7})));
-    std::vector<std::vector<torch::Tensor>> sums;
+    std::vector<torch::Tensor> sums;
     std::vector<std::vector<int64_t>> scales;
-    for (const torch::Device device : {torch::Device(torch::kCPU), kCuda}) {
-      Pushed model(device, dtype);
-      ExactGradients exact(model, 16, device);
-      for (int pass = 0; pass < 2; ++pass) {
-        exact.begin_pass(16);
-        for (const torch::Tensor& c : parts) model.push(c);
-        if (exact.end_pass(*comm)) break;
+    for (const bool limbs : {false, true}) {
+      for (const torch::Device device : {torch::Device(torch::kCPU), kCuda}) {
+        Pushed model(device, dtype);
+        WholeGradient strategy(device);
+        ExactGradients exact(model, 16, device, limbs ? &strategy : nullptr, "whole");
+        ASSERT_EQ(exact.sums_in_strategy(), limbs) << device;
+        for (int pass = 0; pass < 2; ++pass) {
+          exact.begin_pass(16);
+          for (const torch::Tensor& c : parts) model.push(c);
+          if (exact.end_pass(*comm)) break;
+        }
+        const torch::Tensor sum = exact.reduce(*comm).at(0);
+        // With limbs the sum is converted in the strategy's own memory.
+        EXPECT_EQ(sum.data_ptr() == strategy.gradient_slices()[0].values.data_ptr(), limbs) << device;
+        sums.push_back(sum.cpu());
+        scales.push_back(exact.exponents());
       }
-      sums.push_back(exact.reduce(*comm));
-      scales.push_back(exact.exponents());
     }
-    EXPECT_EQ(scales[0], scales[1]) << dtype;
-    EXPECT_TRUE(torch::equal(sums[0][0], sums[1][0].cpu())) << dtype;
+    for (size_t k = 1; k < sums.size(); ++k) {
+      EXPECT_EQ(scales[0], scales[k]) << dtype << " arm " << k;
+      EXPECT_TRUE(torch::equal(sums[0], sums[k])) << dtype << " arm " << k;
+    }
   }
 }
 

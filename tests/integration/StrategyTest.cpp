@@ -241,7 +241,7 @@ TEST(Strategies, HybridShardingHoldsItsGroupsShareAndAgrees) {
 // bucket: their reports say so, and the run's counting allocator agrees
 // after setup. What a step leaves beyond that is the exact accumulator
 // alone, allocated after setup: 8 bytes a parameter, or 4 where its low
-// limbs live in the strategy's gradient (ddp, on the CPU); no gradient
+// limbs live in the strategy's gradient (ddp; any stage at world size 1); no gradient
 // autograd stored in .grad outlives its backward (one would be 330 kB).
 TEST(Strategies, ReproducibleModeKeepsOnlyTheGradientTheUpdateReads) {
   const std::string common =

@@ -65,8 +65,7 @@ ExactGradients::ExactGradients(Model& model, int64_t atoms, torch::Device device
     for (const int64_t n : {decay_elements_, total - decay_elements_}) {
       if (n > 0) sizes.push_back(n);
     }
-    // The limbs' arithmetic is ATen's on the CPU; the CUDA kernel adds int64 sums.
-    limbs_ = !device.is_cuda() && whole_groups(slices, sizes, device);
+    limbs_ = whole_groups(slices, sizes, device);
     torch::NoGradGuard no_grad;
     for (const FlatSlice& slice : slices) {
       slice.values.zero_();  // the probe's NaN gone
@@ -136,13 +135,23 @@ void ExactGradients::add(size_t parameter, const torch::Tensor& gradient) {
   const int64_t exponent = exponents_[parameter];
   const double limit = std::ldexp(1.0, bits_);
 #ifdef TRAINER_CUDA_KERNELS
-  if (ops::use_kernels(gradient) && !limbs_) {
+  if (ops::use_kernels(gradient)) {
     const torch::Tensor g = gradient.detach().contiguous();
+    const double scale = exponent == kUnknown ? 1.0 : std::ldexp(1.0, static_cast<int>(exponent));
+    double* largest = largest_.data_ptr<double>() + parameter;
+    if (limbs_) {
+      const torch::Tensor lo = low(offsets_[parameter], g.numel());
+      const ops::KernelLaunch launch("fixed_point_add_limbs", {g, lo, high_, largest_});
+      ops::kernels::fixed_point_add_limbs(ops::kernel_dtype(g), g.data_ptr(), lo.data_ptr<int32_t>(),
+                                          high_.data_ptr<int32_t>() + offsets_[parameter], g.numel(), scale, limit,
+                                          exponent != kUnknown, largest, launch.stream());
+      ops::check_launch("fixed_point_add_limbs");
+      return;
+    }
     const ops::KernelLaunch launch("fixed_point_add", {g, accumulator_, largest_});
     ops::kernels::fixed_point_add(ops::kernel_dtype(g), g.data_ptr(),
-                                  accumulator_.data_ptr<int64_t>() + offsets_[parameter], g.numel(),
-                                  exponent == kUnknown ? 1.0 : std::ldexp(1.0, static_cast<int>(exponent)), limit,
-                                  exponent != kUnknown, largest_.data_ptr<double>() + parameter, launch.stream());
+                                  accumulator_.data_ptr<int64_t>() + offsets_[parameter], g.numel(), scale, limit,
+                                  exponent != kUnknown, largest, launch.stream());
     ops::check_launch("fixed_point_add");
     return;
   }

@@ -47,8 +47,9 @@ class ExactGradients {
   ///
   /// With `strategy` (set up with exact_gradients, named `strategy_name` in
   /// errors): its gradient_slices() are checked to be views (TrainingError
-  /// otherwise) and, on the CPU, where they are each group whole (ddp; every
-  /// stage at world size 1), each int64 sum is held as two 32-bit limbs:
+  /// otherwise) and, where they are each group whole (ddp; every stage at
+  /// world size 1), each int64 sum is held as two 32-bit limbs (on CUDA
+  /// added by fixed_point_add_limbs, on the CPU by ATen's arithmetic):
   /// the low one in the strategy's own fp32 gradient memory (viewed as
   /// int32; nothing else writes it in exact mode), the high one here.
   /// reduce() then converts each sum over its own low limb, so the groups it
