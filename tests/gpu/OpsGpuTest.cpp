@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/cuda.h>
@@ -951,6 +953,56 @@ TEST(OpsGpu, LinearCrossEntropySumMatchesTheCpuPath) {
   }
 }
 
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
+// Given the target count, the head selects the target rows without a host
+// sync (nonzero_static), so a CUDA graph can hold it (training.cuda_graphs),
+// and computes the same bits as when it counts them itself. LibTorch's sync
+// check (set to error) shows both: counting syncs, the given count does
+// not, in forward and backward, with deterministic algorithms (reproducible
+// mode's) and without.
+TEST(OpsGpu, LinearCrossEntropyGivenItsTargetCountNeverSyncs) {
+  REQUIRE_CUDA();
+  torch::manual_seed(6);
+  torch::Tensor labels = torch::randint(0, 3000, {257}, torch::kInt64);
+  labels.index_put_({torch::arange(0, 257, 5)}, kIgnoreIndex);
+  const int64_t count = labels.ne(kIgnoreIndex).sum().item<int64_t>();
+  const torch::Tensor hidden = torch::randn({257, 64}).to(kCuda, torch::kBFloat16);
+  const torch::Tensor weight = (torch::randn({3000, 64}) * 0.2).to(kCuda, torch::kBFloat16);
+  const torch::Tensor on_device = labels.to(kCuda);
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
+  for (const bool exact : {false, true}) {
+    at::globalContext().setDeterministicAlgorithms(exact, false);
+    std::vector<std::vector<torch::Tensor>> results;
+    for (const int64_t given : {int64_t(-1), count}) {
+      const torch::Tensor h = hidden.detach().set_requires_grad(true);
+      const torch::Tensor w = weight.detach().set_requires_grad(true);
+      torch::cuda::synchronize();
+      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+      bool synced = false;
+      try {
+        const torch::Tensor loss = ops::linear_cross_entropy_sum(h, w, on_device, /*chunk_rows=*/64, given);
+        (loss * 0.5).backward();
+        results.push_back({loss.detach(), h.grad(), w.grad()});
+      } catch (const c10::Error&) {
+        synced = true;
+      }
+      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+      EXPECT_EQ(synced, given < 0) << "given count " << given << ", deterministic " << exact;
+      if (synced) {
+        const torch::Tensor loss = ops::linear_cross_entropy_sum(h, w, on_device, /*chunk_rows=*/64, given);
+        (loss * 0.5).backward();
+        results.push_back({loss.detach(), h.grad(), w.grad()});
+      }
+    }
+    ASSERT_EQ(results.size(), 2u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_TRUE(torch::equal(results[0][i], results[1][i])) << i << ", deterministic " << exact;
+    }
+  }
+  at::globalContext().setDeterministicAlgorithms(deterministic, false);
+}
+#endif
+
 // The fused softmax kernel against the fp64 CPU path, for the loss and both
 // gradients, at a vocabulary that is not a multiple of 4 (the kernel's
 // scalar path) and one that is (its vector loads), with -inf logits in a
@@ -1204,18 +1256,25 @@ TEST(OpsGpu, FixedPointLimbKernelAddsWhatTheInt64KernelAdds) {
     torch::Tensor low = (low_cpu - low_cpu.ge(kLimb / 2).to(torch::kInt64) * kLimb).to(torch::kInt32).to(kCuda);
     const auto f64 = torch::TensorOptions().device(kCuda).dtype(torch::kFloat64);
     const torch::Tensor largest_whole = torch::zeros({1}, f64), largest_limbs = torch::zeros({1}, f64);
-    const double scale = std::ldexp(1.0, 40), limit = std::ldexp(1.0, 50);
+    const torch::Tensor scale = torch::full({1}, std::ldexp(1.0, 40), f64);  // read on the device
+    const double limit = std::ldexp(1.0, 50);
     const auto kernel_dtype = dtype == torch::kFloat32 ? ops::kernels::Dtype::Float32 : ops::kernels::Dtype::BFloat16;
-    ops::kernels::fixed_point_add(kernel_dtype, g.data_ptr(), whole.data_ptr<int64_t>(), n, scale, limit, true,
-                                  largest_whole.data_ptr<double>(), stream);
+    ops::kernels::fixed_point_add(kernel_dtype, g.data_ptr(), whole.data_ptr<int64_t>(), n, scale.data_ptr<double>(),
+                                  limit, largest_whole.data_ptr<double>(), stream);
     ops::kernels::fixed_point_add_limbs(kernel_dtype, g.data_ptr(), low.data_ptr<int32_t>(), high.data_ptr<int32_t>(),
-                                        n, scale, limit, true, largest_limbs.data_ptr<double>(), stream);
+                                        n, scale.data_ptr<double>(), limit, largest_limbs.data_ptr<double>(), stream);
     const torch::Tensor sums =
         high.cpu().to(torch::kInt64) * kLimb + low.cpu().to(torch::kInt64).bitwise_and(kLimb - 1);
     EXPECT_TRUE(torch::equal(sums, whole.cpu())) << dtype;
     EXPECT_FALSE(torch::equal(whole.cpu(), start)) << "nothing was added";
     EXPECT_FALSE(torch::equal(high.cpu().to(torch::kInt64), high_cpu)) << "no carry crossed the limbs";
     EXPECT_EQ(largest_whole.item<double>(), largest_limbs.item<double>()) << dtype;
+    // A scale of 0 only measures: the sums stay, the largest magnitude still grows.
+    const torch::Tensor before = whole.clone(), zero = torch::zeros({1}, f64), largest = torch::zeros({1}, f64);
+    ops::kernels::fixed_point_add(kernel_dtype, g.data_ptr(), whole.data_ptr<int64_t>(), n, zero.data_ptr<double>(),
+                                  limit, largest.data_ptr<double>(), stream);
+    EXPECT_TRUE(torch::equal(whole, before)) << dtype;
+    EXPECT_EQ(largest.item<double>(), largest_whole.item<double>()) << dtype;
   }
 }
 

@@ -30,8 +30,12 @@ struct LimbSums {
 };
 
 template <typename T, typename Sums>
-__global__ void fixed_point_add_kernel(const T* gradient, Sums sums, int64_t n, double scale, double limit, bool add,
+__global__ void fixed_point_add_kernel(const T* gradient, Sums sums, int64_t n, const double* scale_at, double limit,
                                        unsigned long long* largest) {
+  // Read from device memory, so that a CUDA graph's replay adds with the
+  // scale of its pass; 0: the pass only measures.
+  const double scale = *scale_at;
+  const bool add = scale != 0.0;
   double biggest = 0.0;  // NaN, once seen, stays: no comparison replaces it
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const double x = static_cast<double>(load(gradient + i));  // exact, as is the scaling by a power of two
@@ -59,27 +63,27 @@ __global__ void fixed_point_add_kernel(const T* gradient, Sums sums, int64_t n, 
 }
 
 template <typename Sums>
-void launch_fixed_point_add(Dtype dtype, const void* gradient, Sums sums, int64_t n, double scale, double limit,
-                            bool add, double* largest, cudaStream_t stream) {
+void launch_fixed_point_add(Dtype dtype, const void* gradient, Sums sums, int64_t n, const double* scale, double limit,
+                            double* largest, cudaStream_t stream) {
   dispatch(dtype, [&](auto* typed) {
     using T = std::remove_pointer_t<decltype(typed)>;
     fixed_point_add_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
-        static_cast<const T*>(gradient), sums, n, scale, limit, add, reinterpret_cast<unsigned long long*>(largest));
+        static_cast<const T*>(gradient), sums, n, scale, limit, reinterpret_cast<unsigned long long*>(largest));
   });
 }
 
 }  // namespace
 
-void fixed_point_add(Dtype dtype, const void* gradient, int64_t* sums, int64_t n, double scale, double limit, bool add,
+void fixed_point_add(Dtype dtype, const void* gradient, int64_t* sums, int64_t n, const double* scale, double limit,
                      double* largest, cudaStream_t stream) {
-  launch_fixed_point_add(dtype, gradient, WholeSums{reinterpret_cast<long long*>(sums)}, n, scale, limit, add, largest,
+  launch_fixed_point_add(dtype, gradient, WholeSums{reinterpret_cast<long long*>(sums)}, n, scale, limit, largest,
                          stream);
 }
 
-void fixed_point_add_limbs(Dtype dtype, const void* gradient, int32_t* low, int32_t* high, int64_t n, double scale,
-                           double limit, bool add, double* largest, cudaStream_t stream) {
-  launch_fixed_point_add(dtype, gradient, LimbSums{reinterpret_cast<unsigned*>(low), high}, n, scale, limit, add,
-                         largest, stream);
+void fixed_point_add_limbs(Dtype dtype, const void* gradient, int32_t* low, int32_t* high, int64_t n,
+                           const double* scale, double limit, double* largest, cudaStream_t stream) {
+  launch_fixed_point_add(dtype, gradient, LimbSums{reinterpret_cast<unsigned*>(low), high}, n, scale, limit, largest,
+                         stream);
 }
 
 }  // namespace trainer::ops::kernels

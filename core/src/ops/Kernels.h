@@ -115,17 +115,18 @@ struct AdamWScalars {
 void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, void* compute_bf16, int64_t n,
                 const AdamWScalars& scalars, cudaStream_t stream);
 
-/// Reproducible mode's fixed-point step over `n` gradient elements: with
-/// `add`, sums[i] += clamp(round_half_even(gradient[i] * scale), -limit,
-/// limit); always *largest = max(*largest, max |gradient[i]|) (NaN wins).
-/// `scale` must be a power of two, *largest non-negative.
-void fixed_point_add(Dtype dtype, const void* gradient, int64_t* sums, int64_t n, double scale, double limit, bool add,
+/// Reproducible mode's fixed-point step over `n` gradient elements, with
+/// s = *scale read on the device (so a CUDA graph's replay takes the value
+/// of its time): where s != 0, sums[i] += clamp(round_half_even(gradient[i]
+/// * s), -limit, limit); always *largest = max(*largest, max |gradient[i]|)
+/// (NaN wins). s must be 0 or a power of two, *largest non-negative.
+void fixed_point_add(Dtype dtype, const void* gradient, int64_t* sums, int64_t n, const double* scale, double limit,
                      double* largest, cudaStream_t stream);
 /// fixed_point_add where each sum is two 32-bit limbs, sum = high[i] 2^32 +
 /// low[i] with low[i]'s 32 bits read as unsigned (ExactGradients' limbs):
 /// the same sums, bit for bit.
-void fixed_point_add_limbs(Dtype dtype, const void* gradient, int32_t* low, int32_t* high, int64_t n, double scale,
-                           double limit, bool add, double* largest, cudaStream_t stream);
+void fixed_point_add_limbs(Dtype dtype, const void* gradient, int32_t* low, int32_t* high, int64_t n,
+                           const double* scale, double limit, double* largest, cudaStream_t stream);
 
 /// bf16 `dst` = fp32 `src` stochastically rounded (sharding/LowPrecisionState.h's
 /// stochastic_round, the same bits): element i's 16 random bits are the hash of

@@ -88,17 +88,31 @@ void softmax_rows(const torch::Tensor& logits, const torch::Tensor& targets, con
 #endif
 }
 
+// The rows of `labels` that are targets, in order; `count` of them when
+// the caller knows it (else -1).
+torch::Tensor target_indices(const torch::Tensor& labels, int64_t count) {
+  const torch::Tensor targets = labels.ne(kIgnoreIndex);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
+  if (count >= 0 && labels.is_cuda()) return at::nonzero_static(targets, count, /*fill_value=*/-1).squeeze(1);
+#else
+  (void)count;
+#endif
+  return targets.nonzero().squeeze(1);
+}
+
 struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropyFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden, const torch::Tensor& weight,
                                const torch::Tensor& labels, bool need_grad, int64_t chunk_rows, int64_t target_rows) {
     const auto acc = accumulate_dtype(hidden);
     const bool narrow = hidden.scalar_type() != acc;  // logits in bf16, softmax in fp32
     const int64_t rows = hidden.size(0), vocab = weight.size(0);
-    // Only target rows are computed; selecting them costs one host sync,
-    // which completion-only losses repay many times over (and a caller
-    // that knows every row is a target spares).
+    // Only target rows are computed. Selecting them costs one host sync
+    // (nonzero's count), which completion-only losses repay many times
+    // over, unless the caller knows the count: every row (nothing to
+    // select), or on CUDA any count (nonzero_static, LibTorch >= 2.6: no
+    // sync, so a CUDA graph can hold the selection).
     const bool all = target_rows == rows;
-    const torch::Tensor index = all ? torch::Tensor() : labels.ne(kIgnoreIndex).nonzero().squeeze(1);
+    const torch::Tensor index = all ? torch::Tensor() : target_indices(labels, target_rows);
     const int64_t targets = all ? rows : index.size(0);
     const torch::Tensor h = all ? hidden : hidden.index_select(0, index);
     const torch::Tensor t = all ? labels : labels.index_select(0, index);

@@ -80,6 +80,7 @@ ExactGradients::ExactGradients(Model& model, int64_t atoms, torch::Device device
   }
   largest_ = torch::zeros({static_cast<int64_t>(parameters_.size())},
                           torch::TensorOptions().dtype(torch::kFloat64).device(device));
+  if (device.is_cuda()) scales_ = torch::zeros_like(largest_);
   exponents_.assign(parameters_.size(), kUnknown);
   pending_.assign(parameters_.size(), kUnknown);
   calls_.assign(parameters_.size(), 0);
@@ -121,6 +122,15 @@ void ExactGradients::begin_pass(int64_t local_atoms) {
     accumulator_.zero_();
   }
   largest_.zero_();
+  if (scales_.defined()) {
+    // The kernel reads each scale on the device: a CUDA graph captured in an
+    // earlier pass adds with this pass's scales.
+    std::vector<double> scales(exponents_.size(), 0.0);
+    for (size_t i = 0; i < exponents_.size(); ++i) {
+      if (exponents_[i] != kUnknown) scales[i] = std::ldexp(1.0, static_cast<int>(exponents_[i]));
+    }
+    scales_.copy_(torch::tensor(scales, torch::kFloat64));
+  }
   calls_.assign(parameters_.size(), 0);
   nonfinite_ = false;
   armed_ = true;
@@ -135,23 +145,23 @@ void ExactGradients::add(size_t parameter, const torch::Tensor& gradient) {
   const int64_t exponent = exponents_[parameter];
   const double limit = std::ldexp(1.0, bits_);
 #ifdef TRAINER_CUDA_KERNELS
-  if (ops::use_kernels(gradient)) {
+  if (ops::use_kernels(gradient) && scales_.defined()) {
     const torch::Tensor g = gradient.detach().contiguous();
-    const double scale = exponent == kUnknown ? 1.0 : std::ldexp(1.0, static_cast<int>(exponent));
+    const double* scale = scales_.data_ptr<double>() + parameter;
     double* largest = largest_.data_ptr<double>() + parameter;
     if (limbs_) {
       const torch::Tensor lo = low(offsets_[parameter], g.numel());
-      const ops::KernelLaunch launch("fixed_point_add_limbs", {g, lo, high_, largest_});
+      const ops::KernelLaunch launch("fixed_point_add_limbs", {g, lo, high_, largest_, scales_});
       ops::kernels::fixed_point_add_limbs(ops::kernel_dtype(g), g.data_ptr(), lo.data_ptr<int32_t>(),
                                           high_.data_ptr<int32_t>() + offsets_[parameter], g.numel(), scale, limit,
-                                          exponent != kUnknown, largest, launch.stream());
+                                          largest, launch.stream());
       ops::check_launch("fixed_point_add_limbs");
       return;
     }
-    const ops::KernelLaunch launch("fixed_point_add", {g, accumulator_, largest_});
+    const ops::KernelLaunch launch("fixed_point_add", {g, accumulator_, largest_, scales_});
     ops::kernels::fixed_point_add(ops::kernel_dtype(g), g.data_ptr(),
                                   accumulator_.data_ptr<int64_t>() + offsets_[parameter], g.numel(), scale, limit,
-                                  exponent != kUnknown, largest, launch.stream());
+                                  largest, launch.stream());
     ops::check_launch("fixed_point_add");
     return;
   }
@@ -181,6 +191,10 @@ void ExactGradients::add(size_t parameter, const torch::Tensor& gradient) {
       accumulator_.narrow(0, at, n).add_(q);
     }
   }
+}
+
+void ExactGradients::count_calls(const std::vector<int64_t>& change) {
+  for (size_t i = 0; i < change.size() && i < calls_.size(); ++i) calls_[i] += change[i];
 }
 
 torch::Tensor ExactGradients::low(int64_t start, int64_t n) const {

@@ -84,6 +84,12 @@ class ExactGradients {
   /// reduce()'s groups are then the strategy's gradient slices themselves.
   bool sums_in_strategy() const { return limbs_; }
 
+  /// Contributions each parameter received in this pass so far, and a
+  /// change to them: a CUDA graph's replay runs no hook, so its caller
+  /// adds the counts the capture saw (and takes back the capture's own).
+  const std::vector<int64_t>& calls() const { return calls_; }
+  void count_calls(const std::vector<int64_t>& change);
+
   /// Per parameter, s_p (kUnknown before a parameter's first contribution).
   const std::vector<int64_t>& exponents() const { return exponents_; }
   /// Restores exponents() from a checkpoint: a resumed run then rounds
@@ -121,6 +127,7 @@ class ExactGradients {
   torch::Tensor high_;                   // with limbs: int32, every parameter back to back
   std::vector<torch::Tensor> strategy_;  // with limbs: the strategy's fp32 gradient, per group
   torch::Tensor largest_;                // fp64 [parameters]: the pass's max |g| per parameter
+  torch::Tensor scales_;  // on CUDA, fp64 [parameters]: 2^s_p for the kernel, 0 where unknown (set by begin_pass)
   std::vector<int64_t> exponents_;
   std::vector<int64_t> pending_;  // exponents the last accepted pass's contributions ask for
   std::vector<int64_t> calls_;    // contributions per parameter in this pass

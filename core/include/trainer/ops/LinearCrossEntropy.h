@@ -16,8 +16,9 @@ namespace trainer::ops {
 /// (softmax - one-hot, two GEMMs), and the backward only scales them by the
 /// incoming gradient: no logits are recomputed and none are saved.
 /// `chunk_rows` > 0 sets the rows per chunk instead (for tests).
-/// `target_rows`, when the caller knows it (a batch's target count), spares
-/// the host sync of counting them when every row is a target.
+/// `target_rows`, when the caller knows it (a batch's target count: the
+/// labels other than kIgnoreIndex), spares the host sync of counting them:
+/// when every row is a target, and on CUDA with LibTorch >= 2.6 always.
 torch::Tensor linear_cross_entropy_sum(const torch::Tensor& hidden, const torch::Tensor& weight,
                                        const torch::Tensor& labels, int64_t chunk_rows = 0, int64_t target_rows = -1);
 
