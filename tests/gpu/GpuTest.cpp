@@ -462,5 +462,58 @@ TEST(GpuTraining, ReproducibleSplitsAreBitIdenticalOnCuda) {
   }
 }
 
+// training.cuda_graphs: the atoms replayed from CUDA graphs train the bits
+// of the eager atoms, at two splits and under ddp and zero2 (graphs share
+// nothing with the split: every atom has one shape), and the runs did
+// replay (their last log line counts the replays). zero3 gathers per unit,
+// so its atoms are not replayable: refused by key.
+TEST(GpuTraining, CudaGraphAtomsTrainTheBitsOfEagerAtoms) {
+  REQUIRE_CUDA();
+  for (const char* precision : {"fp32", "bf16"}) {
+    std::vector<std::string> dirs;
+    for (const auto& [strategy, micro, accum, graphs] : std::vector<std::tuple<std::string, int, int, bool>>{
+             {"ddp", 8, 1, false}, {"ddp", 8, 1, true}, {"ddp", 2, 4, true}, {"zero2", 4, 2, true}}) {
+      const std::string dir =
+          scratch_dir(std::string("GpuGraphs_") + precision + "_" + strategy + "_" + std::to_string(micro) + "x" +
+                      std::to_string(accum) + (graphs ? "_graphs" : ""));
+      const auto result = trainer("run " + source_path("configs/quickstart.toml") + " --set run.output_dir=" + dir +
+                                  " --set run.device=cuda --set training.steps=8 --set training.reproducible=true" +
+                                  " --set training.precision=" + precision + " --set strategy.name=" + strategy +
+                                  " --set training.micro_batch_size=" + std::to_string(micro) +
+                                  " --set training.grad_accum_steps=" + std::to_string(accum) +
+                                  " --set training.cuda_graphs=" + (graphs ? "true" : "false"));
+      ASSERT_EQ(result.exit_code, 0) << result.output;
+      const size_t counted = result.output.find(" atoms replayed from ");
+      if (graphs) {
+        ASSERT_NE(counted, std::string::npos) << result.output;
+        const size_t at = result.output.rfind("training.cuda_graphs: ", counted);
+        ASSERT_NE(at, std::string::npos) << result.output;
+        const int64_t replays = std::stoll(result.output.substr(at + std::string("training.cuda_graphs: ").size()));
+        EXPECT_GT(replays, 8) << precision << " " << strategy << ": " << result.output;
+        EXPECT_NE(result.output.find("captured"), std::string::npos) << result.output;
+      } else {
+        EXPECT_EQ(result.output.find("captured"), std::string::npos) << result.output;
+      }
+      dirs.push_back(dir);
+    }
+    std::string all;
+    for (const std::string& dir : dirs) all += " " + dir;
+    const auto same = trainer("compare --rtol 0" + all);
+    EXPECT_EQ(same.exit_code, 0) << precision << "\n" << same.output;
+    const auto hash = [](const std::string& dir) {
+      const std::string text = testing::read_file(dir + "/summary.json");
+      return text.substr(text.find("parameters_xxh3_128"));
+    };
+    for (const std::string& dir : dirs) EXPECT_EQ(hash(dir), hash(dirs.front())) << precision << " " << dir;
+  }
+  const auto refused = trainer("run " + source_path("configs/quickstart.toml") +
+                               " --set run.output_dir=" + scratch_dir("GpuGraphs_zero3") +
+                               " --set run.device=cuda --set training.steps=2 --set training.reproducible=true"
+                               " --set training.cuda_graphs=true --set strategy.name=zero3");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("cuda_graphs: expected false with strategy 'zero3'"), std::string::npos)
+      << refused.output;
+}
+
 }  // namespace
 }  // namespace trainer

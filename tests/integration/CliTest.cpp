@@ -66,6 +66,10 @@ TEST(Cli, BadRecipesExitWithTwoAndNameTheProblem) {
        "[training] fp8_scaling: expected 'tensorwise' (the default) with training.precision = 'fp32'"},
       {base + "[training]\nprecision = 'bf16'\nfp8_scaling = 'rowwise'\n", "this run computes in bf16"},
       {base + "[training]\nfp8_scaling = 'blockwise'\n", "fp8_scaling"},
+      {base + "[training]\ncuda_graphs = true\n",
+       "[training] cuda_graphs: expected false without training.reproducible = true"},
+      {base + "[training]\nreproducible = true\ncuda_graphs = true\n",
+       "[training] cuda_graphs: expected false with run.device = 'cpu' (CUDA graphs)"},
   };
   for (const Case& c : cases) {
     const std::string file = write_file(dir + "/bad.toml", c.recipe);

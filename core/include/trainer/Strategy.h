@@ -143,6 +143,15 @@ class Strategy : public Component {
   /// Called on every rank after the caller wrote into state_slices(): the
   /// strategy refreshes what derives from them (full parameters, bf16 copies).
   virtual void state_loaded() = 0;
+  /// Set up with StrategyEnv::exact_gradients: whether forward() and
+  /// backward() do the same device work for every atom whatever its
+  /// MicroStep, with no collective, no host sync and no host state that
+  /// changes between atoms, on parameters whose memory stays where it is.
+  /// The core may then capture one atom's forward and backward in a CUDA
+  /// graph and replay it for the others (training.cuda_graphs), calling
+  /// neither of them again for the replays. Default: false (a strategy that
+  /// gathers parameters per unit, as zero3 does, is not).
+  virtual bool replayable_atoms() const { return false; }
 };
 
 }  // namespace trainer

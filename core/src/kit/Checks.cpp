@@ -68,6 +68,24 @@ void check_exact_gradients_untouched(Strategy& strategy, Model& model, const Fix
   strategy.discard_gradients();
 }
 
+// Where each parameter's memory is, for a strategy that declares its atoms
+// replayable (Strategy::replayable_atoms): a CUDA graph's replay reads the
+// addresses its capture saw, so they must hold memory and never move.
+std::vector<const void*> replayable_addresses(Strategy& strategy, Model& model, const KitRun& run) {
+  std::vector<const void*> where;
+  if (!strategy.replayable_atoms()) return where;
+  for (const NamedParameter& p : model.parameters()) {
+    if (p.tensor.numel() > 0 && p.tensor.storage().nbytes() == 0) {
+      throw TrainingError(
+          fmt::format("strategy '{}': declares replayable_atoms() but parameter '{}' holds no memory between "
+                      "atoms; a CUDA graph's replay would read an address it no longer owns (trainer/Strategy.h)",
+                      run.plugin.descriptor->name, p.name));
+    }
+    where.push_back(p.tensor.data_ptr());
+  }
+  return where;
+}
+
 }  // namespace
 
 void check_reproducible(const KitRun& run, const Reference& reference, const Fixture& first, ConformanceRow& row) {
@@ -79,11 +97,18 @@ void check_reproducible(const KitRun& run, const Reference& reference, const Fix
     ExactGradients exact(*model, kGlobalBatch, run.device, strategy.get(), run.plugin.descriptor->name);
     const int64_t count = run.split.micro * run.split.accum;
     check_exact_gradients_untouched(*strategy, *model, first, run);
+    const std::vector<const void*> where = replayable_addresses(*strategy, *model, run);
     run_exact_passes(exact, *strategy, run.comm, count, [&](int64_t k) {
       const LossSum out = strategy->forward(*model, rows(first, {run.world.rank * count + k}, run.device));
       strategy->backward(out.loss_sum / static_cast<double>(first.target_tokens),
                          MicroStep{k, k == count - 1, count, first.target_tokens});
     });
+    if (replayable_addresses(*strategy, *model, run) != where) {
+      throw TrainingError(fmt::format(
+          "strategy '{}': declares replayable_atoms() but a parameter's memory moved during forward and backward; "
+          "a CUDA graph's replay reads the addresses its capture saw (trainer/Strategy.h)",
+          run.plugin.descriptor->name));
+    }
     const std::vector<torch::Tensor> gradient = exact.reduce(run.comm);
     install_gradient(*strategy, gradient, run.plugin.descriptor->name);
     row.reproducible_error = relative_error(strategy->gradient_slices(), reference.grads());

@@ -53,6 +53,10 @@ constexpr KeySpec kTrainingKeys[] = {
      "reproducible mode: samples per forward and backward; splits whose micro_batch_size is a multiple of it "
      "train the same bits (1: every split; larger: fewer, faster launches)",
      1, 1 << 20},
+    {"cuda_graphs", VT::Bool, "false",
+     "reproducible mode on CUDA: capture one atom's forward and backward in a CUDA graph and replay it for the "
+     "others (the same bits, far fewer launches); needs a strategy whose atoms are replayable (ddp, zero1, zero2) "
+     "and unpacked samples"},
 };
 constexpr KeySpec kOptimizerKeys[] = {
     // The rest of [optimizer] are the chosen optimizer plugin's keys (adamw:

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "ops/Dispatch.h"
+#include "reproducible/AtomRunner.h"
 #include "run/DeviceStats.h"
 
 namespace trainer {
@@ -67,6 +68,20 @@ RunConfig run_config(const Recipe& recipe, int world_size) {
     }
   }
   config.reproducible_atom = recipe.training.integer("reproducible_atom");
+  config.cuda_graphs = recipe.training.boolean("cuda_graphs");
+  if (config.cuda_graphs) {
+    if (!config.reproducible) {
+      recipe.training.fail("cuda_graphs",
+                           "false without training.reproducible = true (the graphs replay reproducible mode's atoms, "
+                           "which all have one shape)");
+    }
+    if (config.device != "cuda") {
+      recipe.training.fail("cuda_graphs", fmt::format("false with run.device = '{}' (CUDA graphs)", config.device));
+    }
+    if (!cuda_graphs_available()) {
+      recipe.training.fail("cuda_graphs", "false: this build has no CUDA graphs (a CUDA build of LibTorch)");
+    }
+  }
 
   UpdateRule& update = config.update;
   update.schedule.shape = recipe.lr_schedule.text("name");

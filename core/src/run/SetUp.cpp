@@ -63,6 +63,7 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
   at::set_num_threads(std::max(1, cores / std::max(1, world.local_world_size)));
   if (config.reproducible) run.reproducible = std::make_unique<ReproducibleSettings>();
   run.device = device_of(recipe, config, world);
+  if (config.cuda_graphs) run.capture_stream = std::make_unique<CaptureStream>(run.device);
   if (run.device.is_cuda()) {
     log::info(fmt::format("rank {} (local rank {}) computes on {}", world.rank, world.local_rank, run.device.str()));
   }
@@ -153,6 +154,21 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
     run.exact =
         std::make_unique<ExactGradients>(*run.model, config.shape.global_batch_size() / config.reproducible_atom,
                                          run.device, run.strategy.get(), run.strategy_name);
+    if (config.cuda_graphs && !run.strategy->replayable_atoms()) {
+      recipe.training.fail("cuda_graphs",
+                           fmt::format("false with strategy '{}': its atoms cannot be replayed from a CUDA graph "
+                                       "(Strategy::replayable_atoms; ddp, zero1 and zero2 can)",
+                                       run.strategy_name));
+    }
+    if (config.cuda_graphs && run.dataset->packs_documents()) {
+      recipe.training.fail("cuda_graphs",
+                           "false with a dataset that packs documents (each atom's documents lie elsewhere, which "
+                           "one graph cannot replay)");
+    }
+    run.atoms = std::make_unique<AtomRunner>(run.device, config.cuda_graphs);
+    if (config.cuda_graphs) {
+      log::info("training.cuda_graphs: each atom shape runs once, is captured the second time and replayed after");
+    }
   }
   return run;
 }

@@ -14,6 +14,7 @@
 #include "distributed/Launcher.h"
 #include "plugin/PluginRegistry.h"
 #include "recipe/Recipe.h"
+#include "reproducible/AtomRunner.h"
 #include "reproducible/ExactGradients.h"
 #include "reproducible/ReproducibleMode.h"
 #include "run/RunConfig.h"
@@ -28,6 +29,9 @@ namespace trainer {
 
 // What a run builds before its first step and keeps until its last.
 struct RunParts {
+  // First, so that it goes last: with training.cuda_graphs everything the
+  // run makes and launches is on this stream (AtomRunner.h).
+  std::unique_ptr<CaptureStream> capture_stream;
   Context context;
   torch::Device device = torch::kCPU;
   bool writer = false;                    // only rank 0 writes files and metrics
@@ -49,6 +53,7 @@ struct RunParts {
   // Reproducible mode only; declared last, so the hooks go before the model.
   std::unique_ptr<ReproducibleSettings> reproducible;
   std::unique_ptr<ExactGradients> exact;
+  std::unique_ptr<AtomRunner> atoms;
 };
 
 /// Set-up: the output and checkpoint directories (created and locked by

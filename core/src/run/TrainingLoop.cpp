@@ -111,11 +111,11 @@ std::vector<MicroBatch> collate_window(RunParts& run, const std::vector<int64_t>
   return window;
 }
 
-LossSum checked_forward(RunParts& run, const MicroBatch& micro) {
-  LossSum out = run.strategy->forward(*run.model, micro.batch);
-  if (out.target_tokens != micro.batch.target_tokens) {
+LossSum checked_forward(RunParts& run, const Batch& batch) {
+  LossSum out = run.strategy->forward(*run.model, batch);
+  if (out.target_tokens != batch.target_tokens) {
     throw TrainingError(fmt::format("model '{}' counted {} target tokens in a micro-batch that has {}", run.model_name,
-                                    out.target_tokens, micro.batch.target_tokens));
+                                    out.target_tokens, batch.target_tokens));
   }
   return out;
 }
@@ -151,11 +151,16 @@ void reproducible_reduction(RunParts& run, const std::vector<MicroBatch>& atoms,
   const int64_t first = comm.rank() * count;  // rank r trains the global atoms [r count, (r + 1) count)
   torch::Tensor losses = torch::zeros({run.config->shape.global_batch_size() / run.config->reproducible_atom},
                                       torch::TensorOptions().dtype(torch::kFloat64).device(run.device));
+  AtomRunner& runner = *run.atoms;
+  runner.begin_step(target_tokens);
   const int passes = run_exact_passes(exact, strategy, comm, count, [&](int64_t k) {
-    const LossSum out = checked_forward(run, atoms[k]);
-    losses.narrow(0, first + k, 1).copy_(out.loss_sum.detach().reshape({1}));
-    strategy.backward(out.loss_sum / static_cast<double>(target_tokens),
-                      MicroStep{k, k == count - 1, count, target_tokens});
+    // With training.cuda_graphs this may run once per atom shape and be replayed for the others.
+    const torch::Tensor loss = runner.run(atoms[k].batch, exact, [&](const Batch& batch) {
+      const LossSum out = checked_forward(run, batch);
+      strategy.backward(runner.scaled(out.loss_sum), MicroStep{k, k == count - 1, count, target_tokens});
+      return out.loss_sum.detach().reshape({1});
+    });
+    losses.narrow(0, first + k, 1).copy_(loss);
   });
   if (passes > 1) {
     log::info(
@@ -220,7 +225,7 @@ StepOutcome optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const Upd
   } else {
     torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(run.device));
     for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
-      const LossSum out = checked_forward(run, micro_batches[m]);
+      const LossSum out = checked_forward(run, micro_batches[m].batch);
       loss_sum += out.loss_sum.detach().to(torch::kFloat64);
       // Contract, point 3: divide by N_t once; nothing else scales.
       strategy.backward(out.loss_sum / static_cast<double>(target_tokens),
@@ -436,6 +441,10 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   } catch (...) {
     record.flush_on_error();
     throw;
+  }
+  if (config.cuda_graphs) {
+    log::info(fmt::format("training.cuda_graphs: {} atoms replayed from {} graphs", run.atoms->replays(),
+                          run.atoms->captures()));
   }
   write_memory_report(*run.strategy, *run.comm, run.device, out / "memory.json", run.writer,
                       {run.measured_setup_bytes, run.measured_after_step_bytes, run.measured_step_peak_bytes});

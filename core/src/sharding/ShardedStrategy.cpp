@@ -94,4 +94,6 @@ void ShardedStrategy::state_loaded() {
   if (!full_.empty()) all_gather_parameters(optimizer_, full_, *comm_);
 }
 
+bool ShardedStrategy::replayable_atoms() const { return exact_ && !full_.empty(); }
+
 }  // namespace trainer

@@ -129,6 +129,8 @@ class DdpStrategy final : public Strategy {
   }
 
   std::vector<StateSlice> state_slices() override { return shards_.state_slices(); }
+  // In exact mode backward() is autograd's alone, on parameters set up once.
+  bool replayable_atoms() const override { return exact_; }
 
   void state_loaded() override {
     for (ParameterGroup& group : groups_) sync_compute(group);

@@ -140,6 +140,9 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
     if (model_) model_->set_unit_hooks(nullptr);
   }
 
+  // Units are gathered and released around each use, with host state per atom: never replayed.
+  bool replayable_atoms() const override { return false; }
+
   LossSum forward(Model& model, const Batch& batch) override {
     for (Unit& unit : units_) unit.entered = false;
     next_unit_ = 0;

@@ -50,6 +50,11 @@ class ShardedStrategy : public Strategy {
   /// With full parameters, the loaded shards all-gathered into them;
   /// otherwise nothing derives from the shards.
   void state_loaded() override;
+  /// With exact_gradients() and full parameters (keep_full_parameters):
+  /// forward() and backward() are then the model's and autograd's alone. A
+  /// stage that overrides either with more (gathers, collectives) overrides
+  /// this too.
+  bool replayable_atoms() const override;
 
  protected:
   /// `name` appears in messages. Reads the stage's `reduce_dtype` key and
