@@ -432,6 +432,20 @@ TEST(GpuTraining, Fp8KeepsTransposedWeightsUnlessTheStrategyReleasesParameters) 
   }
 }
 
+// The runs in `dirs` logged the same losses at every step (compare --rtol 0)
+// and ended with the same weights (their hash).
+void expect_the_same_bits(const std::vector<std::string>& dirs, const std::string& what) {
+  std::string all;
+  for (const std::string& dir : dirs) all += " " + dir;
+  const auto same = trainer("compare --rtol 0" + all);
+  EXPECT_EQ(same.exit_code, 0) << what << "\n" << same.output;
+  const auto hash = [](const std::string& dir) {
+    const std::string text = testing::read_file(dir + "/summary.json");
+    return text.substr(text.find("parameters_xxh3_128"));
+  };
+  for (const std::string& dir : dirs) EXPECT_EQ(hash(dir), hash(dirs.front())) << what << " " << dir;
+}
+
 // training.reproducible on CUDA: the (8,1) and (2,4) splits, and another
 // strategy, train the same bits in fp32 and in bf16.
 TEST(GpuTraining, ReproducibleSplitsAreBitIdenticalOnCuda) {
@@ -450,15 +464,7 @@ TEST(GpuTraining, ReproducibleSplitsAreBitIdenticalOnCuda) {
       ASSERT_EQ(result.exit_code, 0) << result.output;
       dirs.push_back(dir);
     }
-    std::string all;
-    for (const std::string& dir : dirs) all += " " + dir;
-    const auto same = trainer("compare --rtol 0" + all);
-    EXPECT_EQ(same.exit_code, 0) << precision << "\n" << same.output;
-    const auto hash = [](const std::string& dir) {
-      const std::string text = testing::read_file(dir + "/summary.json");
-      return text.substr(text.find("parameters_xxh3_128"));
-    };
-    for (const std::string& dir : dirs) EXPECT_EQ(hash(dir), hash(dirs.front())) << precision << " " << dir;
+    expect_the_same_bits(dirs, precision);
   }
 }
 
@@ -496,15 +502,7 @@ TEST(GpuTraining, CudaGraphAtomsTrainTheBitsOfEagerAtoms) {
       }
       dirs.push_back(dir);
     }
-    std::string all;
-    for (const std::string& dir : dirs) all += " " + dir;
-    const auto same = trainer("compare --rtol 0" + all);
-    EXPECT_EQ(same.exit_code, 0) << precision << "\n" << same.output;
-    const auto hash = [](const std::string& dir) {
-      const std::string text = testing::read_file(dir + "/summary.json");
-      return text.substr(text.find("parameters_xxh3_128"));
-    };
-    for (const std::string& dir : dirs) EXPECT_EQ(hash(dir), hash(dirs.front())) << precision << " " << dir;
+    expect_the_same_bits(dirs, precision);
   }
   const auto refused = trainer("run " + source_path("configs/quickstart.toml") +
                                " --set run.output_dir=" + scratch_dir("GpuGraphs_zero3") +
