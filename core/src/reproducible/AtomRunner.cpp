@@ -107,8 +107,10 @@ torch::Tensor AtomRunner::run(const Batch& batch, ExactGradients& exact, const A
   auto found = captured_.find(key);
   if (found == captured_.end()) {
     // The first atom of a shape runs eagerly; so do shapes past the bound.
-    if (seen_[key]++ == 0 || captured_.size() >= kMaxGraphs) {
-      if (captured_.size() >= kMaxGraphs && seen_[key] == 2) {
+    const int64_t seen = ++seen_[key];
+    const bool full = captured_.size() >= kMaxGraphs;
+    if (seen == 1 || full) {
+      if (full && seen == 2) {
         log::warn(
             fmt::format("training.cuda_graphs: {} atom shapes captured already; atoms of another shape (target "
                         "count {}) run without a graph",
@@ -164,8 +166,15 @@ std::unique_ptr<AtomRunner::Graph> AtomRunner::capture(const Batch& batch, Exact
       if (partial != nullptr) cudaGraphDestroy(partial);
     }
 #if TORCH_VERSION_MAJOR >= 2
-    // capture_end() ends the allocator's routing into the pool only after a capture that succeeded.
-    if (began) c10::cuda::CUDACachingAllocator::endAllocateToPool(stream.device_index(), pool_);
+    // capture_end() ends the allocator's routing into the pool once the
+    // stream's capture has ended, so not when the capture itself failed; a
+    // failure after that (the graph's instantiation) has ended it already.
+    if (began) {
+      try {
+        c10::cuda::CUDACachingAllocator::endAllocateToPool(stream.device_index(), pool_);
+      } catch (const std::exception&) {  // not routing into the pool any more
+      }
+    }
 #else
     (void)began;
 #endif

@@ -142,7 +142,6 @@ void ExactGradients::add(size_t parameter, const torch::Tensor& gradient) {
   ++calls_[parameter];
   // Widening fp32 or bf16 to fp64 and scaling by a power of two are exact;
   // the one rounding is round() (half to even), the same wherever g lands.
-  const int64_t exponent = exponents_[parameter];
   const double limit = std::ldexp(1.0, bits_);
 #ifdef TRAINER_CUDA_KERNELS
   if (ops::use_kernels(gradient) && scales_.defined()) {
@@ -166,6 +165,7 @@ void ExactGradients::add(size_t parameter, const torch::Tensor& gradient) {
     return;
   }
 #endif
+  const int64_t exponent = exponents_[parameter];
   // kConvertChunk elements at a time: the fp64 and int64 temporaries stay a
   // few chunks, not several copies of the largest parameter (an embedding).
   const torch::Tensor flat = gradient.detach().reshape({-1});
