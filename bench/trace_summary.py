@@ -8,8 +8,14 @@ kernel, the time by kind of kernel (GEMM, attention, the loss, the optimizer,
 other elementwise and reductions, copies, collectives), the kernels that
 took the most time, and the longest idle gaps with the kernel before each.
 
-    python3 bench/trace_summary.py trace.json --steps 2 [--top 25]
+    python3 bench/trace_summary.py trace.json --steps 2 [--top 25] [--origin REGEX]
+
+--origin REGEX: for the device events whose name matches, the host operators
+that launched them (the innermost three, with the innermost's input shapes),
+by time: where a kernel nobody asked for comes from. Kernels replayed from a
+CUDA graph have no launching operator (they show as "graph replay").
 """
+import bisect
 import argparse
 import json
 import re
@@ -39,11 +45,58 @@ def short(name, width=110):
     return name if len(name) <= width else name[: width - 3] + "..."
 
 
+def origins(events, device, pattern, n, top=20):
+    """Time and count per launching host-operator stack of the device events matching `pattern`."""
+    runtime = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}):
+            runtime[e["args"]["correlation"]] = e
+    ops_by_thread = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op":
+            ops_by_thread[(e.get("pid"), e.get("tid"))].append(e)
+    parents, starts = {}, {}
+    for key, ops in ops_by_thread.items():
+        ops.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack, parent = [], []
+        for i, op in enumerate(ops):
+            while stack and ops[stack[-1]]["ts"] + ops[stack[-1]]["dur"] < op["ts"] + op["dur"]:
+                stack.pop()
+            parent.append(stack[-1] if stack else -1)
+            stack.append(i)
+        parents[key], starts[key] = parent, [op["ts"] for op in ops]
+    table = defaultdict(lambda: [0.0, 0])
+    for e in device:
+        if not pattern.search(e["name"]):
+            continue
+        launch = runtime.get(e.get("args", {}).get("correlation"))
+        where = "graph replay" if launch is not None and "Graph" in launch["name"] else "no host operator"
+        if launch is not None:
+            key = (launch.get("pid"), launch.get("tid"))
+            ops = ops_by_thread.get(key, [])
+            i = bisect.bisect_right(starts.get(key, []), launch["ts"]) - 1
+            while i >= 0 and ops[i]["ts"] + ops[i]["dur"] < launch["ts"]:
+                i = parents[key][i]
+            chain = []
+            while i >= 0 and len(chain) < 3:
+                chain.append(ops[i])
+                i = parents[key][i]
+            if chain:
+                dims = chain[0].get("args", {}).get("Input Dims", "")
+                where = " < ".join(op["name"] for op in chain) + f" {dims}"
+        table[(short(e["name"], 50), short(where, 150))][0] += e["dur"]
+        table[(short(e["name"], 50), short(where, 150))][1] += 1
+    print(f"origins of {pattern.pattern!r} (ms per step, calls per step; kernel | innermost operators < outer):")
+    for (name, where), (dur, count) in sorted(table.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {dur / n / 1e3:8.2f} {count / n:6.0f}  {name} | {where}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace")
     parser.add_argument("--steps", type=int, default=1, help="steps the trace holds (figures are per step)")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--origin", help="a regular expression: the host operators that launched matching kernels")
     args = parser.parse_args()
     with open(args.trace) as f:
         events = json.load(f)["traceEvents"]
@@ -91,6 +144,8 @@ def main():
     print(f"idle gaps: {len(gaps) / n:.0f} per step; the longest (us, kernel before -> after):")
     for gap, before, after in gaps[:10]:
         print(f"  {gap:9.1f}  {short(before or '-', 60)} -> {short(after, 60)}")
+    if args.origin:
+        origins(events, device, re.compile(args.origin), n)
 
 
 if __name__ == "__main__":

@@ -536,11 +536,22 @@ TEST(OpsGpu, Fp8VectorAndScalarKernelsGiveTheSameBits) {
     y.backward(placed(dys, offset));
     return std::vector<torch::Tensor>{y.detach(), x.grad(), w.grad()};
   };
+  // Rowwise scaling leaves the weight gradient to bf16's GEMM on the
+  // operands as given (no cast of ours runs), and cuBLAS picks its kernel,
+  // and so its summation order, by the operands' alignment: there the
+  // weight gradient is held to the bf16 path's at the same alignment.
+  set_compute(Compute::bf16);
+  const std::vector<torch::Tensor> bf16_aligned = run(0), bf16_shifted = run(1);
   for (const Compute c : {Compute::tensorwise, Compute::rowwise}) {
     set_compute(c);
     const std::vector<torch::Tensor> vector_path = run(0), scalar_path = run(1);
     const char* names[] = {"output", "input gradient", "weight gradient"};
     for (size_t i = 0; i < vector_path.size(); ++i) {
+      if (c == Compute::rowwise && i == 2) {
+        EXPECT_TRUE(torch::equal(vector_path[i], bf16_aligned[i])) << names[i] << ", " << name_of(c);
+        EXPECT_TRUE(torch::equal(scalar_path[i], bf16_shifted[i])) << names[i] << ", " << name_of(c);
+        continue;
+      }
       EXPECT_TRUE(torch::equal(vector_path[i], scalar_path[i])) << names[i] << ", " << name_of(c);
     }
     // And FP8 ran: the output is off bf16's product by FP8's rounding.
@@ -1269,6 +1280,23 @@ TEST(OpsGpu, FixedPointLimbKernelAddsWhatTheInt64KernelAdds) {
     EXPECT_FALSE(torch::equal(whole.cpu(), start)) << "nothing was added";
     EXPECT_FALSE(torch::equal(high.cpu().to(torch::kInt64), high_cpu)) << "no carry crossed the limbs";
     EXPECT_EQ(largest_whole.item<double>(), largest_limbs.item<double>()) << dtype;
+    // Gradient and limbs one element off 16-byte alignment take the scalar
+    // path (the aligned ones above the vector path): the same sums.
+    const auto shifted = [&](const torch::Tensor& like) {
+      torch::Tensor t = torch::empty({n + 1}, like.options().device(kCuda)).narrow(0, 1, n);
+      t.copy_(like);
+      return t;
+    };
+    const torch::Tensor g_shifted = shifted(g), high_shifted = shifted(high_cpu.to(torch::kInt32));
+    const torch::Tensor low_shifted =
+        shifted((low_cpu - low_cpu.ge(kLimb / 2).to(torch::kInt64) * kLimb).to(torch::kInt32));
+    const torch::Tensor largest_shifted = torch::zeros({1}, f64);
+    ops::kernels::fixed_point_add_limbs(kernel_dtype, g_shifted.data_ptr(), low_shifted.data_ptr<int32_t>(),
+                                        high_shifted.data_ptr<int32_t>(), n, scale.data_ptr<double>(), limit,
+                                        largest_shifted.data_ptr<double>(), stream);
+    EXPECT_TRUE(torch::equal(high_shifted.cpu(), high.cpu())) << dtype;
+    EXPECT_TRUE(torch::equal(low_shifted.cpu(), low.cpu())) << dtype;
+    EXPECT_EQ(largest_shifted.item<double>(), largest_limbs.item<double>()) << dtype;
     // A scale of 0 only measures: the sums stay, the largest magnitude still grows.
     const torch::Tensor before = whole.clone(), zero = torch::zeros({1}, f64), largest = torch::zeros({1}, f64);
     ops::kernels::fixed_point_add(kernel_dtype, g.data_ptr(), whole.data_ptr<int64_t>(), n, zero.data_ptr<double>(),
@@ -1276,6 +1304,60 @@ TEST(OpsGpu, FixedPointLimbKernelAddsWhatTheInt64KernelAdds) {
     EXPECT_TRUE(torch::equal(whole, before)) << dtype;
     EXPECT_EQ(largest.item<double>(), largest_whole.item<double>()) << dtype;
   }
+}
+
+// reduce()'s one-launch conversion of a group's limb sums to fp32, in place,
+// against the CPU path's LibTorch sequence (int64 -> fp64, times 2^-s, ->
+// fp32): parameters of 1 to 70,000 elements and one of none, sums of both
+// signs up to 2^61 (beyond 2^53 the fp64 conversion rounds), the limb
+// edges, and a parameter with no scale yet (+0 whatever its limbs hold).
+TEST(OpsGpu, FixedPointLimbsConvertToTheCpuPathsFp32) {
+  REQUIRE_CUDA();
+  torch::manual_seed(6);
+  constexpr int64_t kLimb = int64_t(1) << 32;
+  const std::vector<int64_t> sizes = {1, 70000, 0, 33, 4096, 5, 12345};
+  const std::vector<int64_t> exponents = {40, 20, 7, ExactGradients::kUnknown, 61, -3, 30};
+  std::vector<int64_t> starts;
+  int64_t n = 0;
+  for (const int64_t size : sizes) {
+    starts.push_back(n);
+    n += size;
+  }
+  torch::Tensor sums = torch::randint(-(int64_t(1) << 61), int64_t(1) << 61, {n}, torch::kInt64);
+  // Small magnitudes too (exact in fp64), and the limb edges.
+  sums.narrow(0, 1, 20000).div_(int64_t(1) << 30, "trunc");
+  sums.narrow(0, 0, 9).copy_(torch::tensor(
+      {int64_t(0), int64_t(-1), kLimb / 2, -kLimb / 2, kLimb, -kLimb, kLimb - 1, -kLimb - 1, kLimb / 2 - 1}));
+  const torch::Tensor high_cpu = sums.div(kLimb, "floor");
+  const torch::Tensor low_cpu = sums - high_cpu * kLimb;
+  torch::Tensor high = high_cpu.to(torch::kInt32).to(kCuda);
+  torch::Tensor low = (low_cpu - low_cpu.ge(kLimb / 2).to(torch::kInt64) * kLimb).to(torch::kInt32).to(kCuda);
+  std::vector<double> scales;
+  torch::Tensor expected = torch::empty({n}, torch::kFloat32);
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const bool known = exponents[k] != ExactGradients::kUnknown;
+    scales.push_back(known ? std::ldexp(1.0, -static_cast<int>(exponents[k])) : 0.0);
+    torch::Tensor into = expected.narrow(0, starts[k], sizes[k]);
+    if (!known) {
+      into.zero_();
+    } else {
+      into.copy_(sums.narrow(0, starts[k], sizes[k]).to(torch::kFloat64).mul_(scales.back()));
+    }
+  }
+  const torch::Tensor starts_device = torch::tensor(starts, torch::kInt64).to(kCuda);
+  const torch::Tensor scales_device = torch::tensor(scales, torch::kFloat64).to(kCuda);
+  ops::kernels::fixed_point_limbs_to_float(
+      low.data_ptr<int32_t>(), high.data_ptr<int32_t>(), n, starts_device.data_ptr<int64_t>(),
+      static_cast<int>(sizes.size()), scales_device.data_ptr<double>(), c10::cuda::getCurrentCUDAStream().stream());
+  const torch::Tensor got = low.view(torch::kFloat32).cpu();
+  EXPECT_TRUE(torch::equal(got.view(torch::kInt32), expected.view(torch::kInt32)))
+      << (got - expected).abs().max().item<float>();
+  // The unknown parameter's +0 even where its limbs held a negative sum.
+  const torch::Tensor unknown = got.narrow(0, starts[3], sizes[3]);
+  EXPECT_TRUE(torch::equal(unknown.view(torch::kInt32), torch::zeros({sizes[3]}, torch::kInt32)));
+  EXPECT_LT(sums.narrow(0, starts[3], sizes[3]).min().item<int64_t>(), 0);
+  // Beyond 2^53 the fp64 conversion rounded somewhere (the comparison saw rounding, not only exact values).
+  EXPECT_GT(sums.abs().max().item<int64_t>(), int64_t(1) << 53);
 }
 
 }  // namespace

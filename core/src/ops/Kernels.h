@@ -128,6 +128,16 @@ void fixed_point_add(Dtype dtype, const void* gradient, int64_t* sums, int64_t n
 void fixed_point_add_limbs(Dtype dtype, const void* gradient, int32_t* low, int32_t* high, int64_t n,
                            const double* scale, double limit, double* largest, cudaStream_t stream);
 
+/// ExactGradients::reduce's conversion of one group's limb sums (as
+/// fixed_point_add_limbs keeps them) to fp32, in place over the low limbs,
+/// one launch for all of the group's parameters: parameter k holds elements
+/// [starts[k], starts[k + 1]) (starts[0] = 0, `segments` of them, the last
+/// running to `n`), and element i becomes fp32(fp64(sum_i) * scales[k]),
+/// both roundings to nearest (the CPU path's bits), or +0 where scales[k]
+/// is 0 (a parameter with no scale yet). starts and scales on the device.
+void fixed_point_limbs_to_float(int32_t* low, const int32_t* high, int64_t n, const int64_t* starts, int segments,
+                                const double* scales, cudaStream_t stream);
+
 /// bf16 `dst` = fp32 `src` stochastically rounded (sharding/LowPrecisionState.h's
 /// stochastic_round, the same bits): element i's 16 random bits are the hash of
 /// (`stream_bits`, first_index + i). Both contiguous, `n` elements.

@@ -81,6 +81,21 @@ ExactGradients::ExactGradients(Model& model, int64_t atoms, torch::Device device
   largest_ = torch::zeros({static_cast<int64_t>(parameters_.size())},
                           torch::TensorOptions().dtype(torch::kFloat64).device(device));
   if (device.is_cuda()) scales_ = torch::zeros_like(largest_);
+  if (limbs_ && device.is_cuda()) {
+    for (const bool decay : {true, false}) {
+      std::vector<size_t> members;
+      std::vector<int64_t> starts;
+      const int64_t group_start = decay ? 0 : decay_elements_;
+      for (const size_t i : layout_) {
+        if (parameters_[i].decay != decay) continue;
+        members.push_back(i);
+        starts.push_back(offsets_[i] - group_start);
+      }
+      if ((decay ? decay_elements_ : total - decay_elements_) == 0) continue;  // a group reduce() leaves out
+      group_parameters_.push_back(std::move(members));
+      group_starts_.push_back(torch::tensor(starts, torch::kInt64).to(device));
+    }
+  }
   exponents_.assign(parameters_.size(), kUnknown);
   pending_.assign(parameters_.size(), kUnknown);
   calls_.assign(parameters_.size(), 0);
@@ -270,14 +285,39 @@ bool ExactGradients::end_pass(Comm& comm) {
 std::vector<torch::Tensor> ExactGradients::reduce(Comm& comm) {
   torch::NoGradGuard no_grad;
   if (!limbs_ && comm.world_size() > 1) comm.all_reduce_sum(accumulator_);
-  // The fp32 sums are written over the sums' own memory. Without limbs:
-  // element k's fp32 value takes bytes [4k, 4k + 4) of the accumulator,
-  // which hold int64 element k / 2 (rounded down), read before it is
-  // overwritten: elements go in increasing order, a chunk at a time, each
-  // chunk read whole into fp64 before any of it is written. No memory
-  // beyond the accumulator and one chunk. With limbs: over element k's own
-  // low limb (the strategy's gradient, as fp32), each chunk's int64 sums
-  // made from both limbs and summed over ranks (int64, exact) first.
+    // The fp32 sums are written over the sums' own memory. Without limbs:
+    // element k's fp32 value takes bytes [4k, 4k + 4) of the accumulator,
+    // which hold int64 element k / 2 (rounded down), read before it is
+    // overwritten: elements go in increasing order, a chunk at a time, each
+    // chunk read whole into fp64 before any of it is written. No memory
+    // beyond the accumulator and one chunk. With limbs: over element k's own
+    // low limb (the strategy's gradient, as fp32), each chunk's int64 sums
+    // made from both limbs and summed over ranks (int64, exact) first.
+#ifdef TRAINER_CUDA_KERNELS
+  // One rank's limb sums on CUDA: one launch per group converts every
+  // parameter's (the chunked sequence below runs about eight LibTorch
+  // launches per parameter: thousands a step).
+  if (limbs_ && comm.world_size() == 1 && !group_starts_.empty() && ops::use_kernels(strategy_[0])) {
+    for (size_t g = 0; g < strategy_.size(); ++g) {
+      std::vector<double> scales;
+      for (const size_t i : group_parameters_[g]) {
+        scales.push_back(exponents_[i] == kUnknown ? 0.0 : std::ldexp(1.0, -static_cast<int>(exponents_[i])));
+      }
+      const torch::Tensor scale = torch::tensor(scales, torch::kFloat64).to(high_.device());
+      const int64_t group_start = g == 0 ? 0 : decay_elements_;
+      const torch::Tensor into = strategy_[g];
+      const torch::Tensor high = high_.narrow(0, group_start, into.numel());
+      const ops::KernelLaunch launch("fixed_point_limbs_to_float", {into, high, group_starts_[g], scale});
+      ops::kernels::fixed_point_limbs_to_float(static_cast<int32_t*>(into.data_ptr()), high.data_ptr<int32_t>(),
+                                               into.numel(), group_starts_[g].data_ptr<int64_t>(),
+                                               static_cast<int>(scales.size()), scale.data_ptr<double>(),
+                                               launch.stream());
+      ops::check_launch("fixed_point_limbs_to_float");
+    }
+    exponents_ = pending_;
+    return strategy_;
+  }
+#endif
   const torch::Tensor whole =
       limbs_ ? torch::Tensor() : accumulator_.view(torch::kFloat32).narrow(0, 0, accumulator_.numel());
   const int64_t chunk = largest_.is_cuda() ? kDeviceConvertChunk : kConvertChunk;
