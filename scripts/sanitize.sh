@@ -54,11 +54,29 @@ cd build-asan
 # collation of packed windows and the document mask run here in Packing.*,
 # Collate.*, ModelContract.* and the other Datasets.Pack* tests), and the
 # quickstart's 200-step convergence check (42 s sanitized; a longer run of
-# the training loop every other training test runs here).
+# the training loop every other training test runs here). Since 2026-12-05
+# (a CI run of 84 minutes on a slower machine: the sanitized tests took
+# 31 of them) also these grids, ~930 s of sanitized test time on two cores,
+# whose code runs here in the tests named after each: the conformance
+# kit's simpler splits per strategy (8x1x1, 4x1x2, 2x4x1, 1x8x1, 1x2x4;
+# 2x2x2 and the hybrid 2x2x2x1 and 1x2x4x2 stay, which take every path the
+# others do); reproducible resume across world sizes and strategies (146
+# s; Checkpoint.*, SeveralRanks.* and the kit's checkpoint checks); the
+# activation-checkpointing grid (120 s; ModelContract.*); the ZeRO memory
+# formulas at world size four (105 s; Strategies.ZeroTwoHoldsAtMostTwo*);
+# reproducible mode's gradient-keeping grid (78 s;
+# ConformanceReproducible.*, Reproducible.LargerAtoms*); the seed
+# scenario's accumulation grid, world size one against ddp, and the splits
+# without the mode (67 + 46 + 36 s; the kit's splits).
 skip='Reproducible\..*ForEverySplitAndStrategy|Strategies\.AllStrategiesAndSplitsOfOneGlobalBatchAgree'
 skip="$skip|Faults\.ChaosKillsAndResumesEndBitIdentical|Sdk\.NewPluginProjectsBuildAndPassTheirTests"
 skip="$skip|Distributed\.CommunicationLatencyChangesNoBits|Checkpoint\.ResumesUnderAnotherStrategyAndWorldSize"
 skip="$skip|Strategies\.HybridShardingHoldsItsGroupsShareAndAgrees|ConformanceOptimizers\.MuonAndLionPassUnderEveryStrategy"
 skip="$skip|Checkpoint\.ExactResumeForEveryStrategyAtWorldSizeTwo|TrainingInvariance\.AccumulationSplitDoesNotChangeTheLoss"
 skip="$skip|Datasets\.PackedRecordsTrainAlikeAtEverySplitAndCountTheirPadding|TrainingInvariance\.QuickstartHalvesItsLoss"
+skip="$skip|Conformance\.MatchesTheFp64Reference/[a-z0-9]+_(8x1x1|4x1x2|2x4x1|1x8x1|1x2x4[^x])"
+skip="$skip|Reproducible\.ResumedUnderAnotherWorldSizeAndStrategyIsTheSameRun|Reproducible\.WithoutTheModeSplitsDifferByRounding"
+skip="$skip|Strategies\.ActivationCheckpointingChangesNoBitAtWorldSizeOne|Strategies\.ZeroMemoryFormulasAtWorldSizeFour"
+skip="$skip|Strategies\.ReproducibleModeKeepsOnlyTheGradientTheUpdateReads|Strategies\.SeedScenarioAccumulationAgreesOnTheCpu"
+skip="$skip|Strategies\.WorldSizeOneIsBitIdenticalToDdp"
 ctest --output-on-failure -j "${TRAINER_TEST_JOBS:-2}" -LE gpu -E "$skip" "$@"
