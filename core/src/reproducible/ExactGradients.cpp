@@ -48,14 +48,24 @@ ExactGradients::ExactGradients(Model& model, int64_t atoms, torch::Device device
   // the others, each in the model's order. reduce() then converts in place.
   offsets_.assign(parameters_.size(), 0);
   int64_t total = 0;
+  std::vector<std::vector<int64_t>> group_starts;  // each non-empty group's parameters' starts in it
   for (const bool decay : {true, false}) {
+    const int64_t group_start = total;
+    std::vector<size_t> members;
+    std::vector<int64_t> starts;
     for (size_t i = 0; i < parameters_.size(); ++i) {
       if (parameters_[i].decay != decay) continue;
       layout_.push_back(i);
       offsets_[i] = total;
+      members.push_back(i);
+      starts.push_back(total - group_start);
       total += parameters_[i].tensor.numel();
     }
     if (decay) decay_elements_ = total;
+    if (total > group_start) {  // reduce() leaves an empty group out
+      group_parameters_.push_back(std::move(members));
+      group_starts.push_back(std::move(starts));
+    }
   }
   if (strategy != nullptr) {
     // The core writes the sum through the slices: views, or the run stops here.
@@ -82,17 +92,7 @@ ExactGradients::ExactGradients(Model& model, int64_t atoms, torch::Device device
                           torch::TensorOptions().dtype(torch::kFloat64).device(device));
   if (device.is_cuda()) scales_ = torch::zeros_like(largest_);
   if (limbs_ && device.is_cuda()) {
-    for (const bool decay : {true, false}) {
-      std::vector<size_t> members;
-      std::vector<int64_t> starts;
-      const int64_t group_start = decay ? 0 : decay_elements_;
-      for (const size_t i : layout_) {
-        if (parameters_[i].decay != decay) continue;
-        members.push_back(i);
-        starts.push_back(offsets_[i] - group_start);
-      }
-      if ((decay ? decay_elements_ : total - decay_elements_) == 0) continue;  // a group reduce() leaves out
-      group_parameters_.push_back(std::move(members));
+    for (const std::vector<int64_t>& starts : group_starts) {
       group_starts_.push_back(torch::tensor(starts, torch::kInt64).to(device));
     }
   }
@@ -285,14 +285,6 @@ bool ExactGradients::end_pass(Comm& comm) {
 std::vector<torch::Tensor> ExactGradients::reduce(Comm& comm) {
   torch::NoGradGuard no_grad;
   if (!limbs_ && comm.world_size() > 1) comm.all_reduce_sum(accumulator_);
-    // The fp32 sums are written over the sums' own memory. Without limbs:
-    // element k's fp32 value takes bytes [4k, 4k + 4) of the accumulator,
-    // which hold int64 element k / 2 (rounded down), read before it is
-    // overwritten: elements go in increasing order, a chunk at a time, each
-    // chunk read whole into fp64 before any of it is written. No memory
-    // beyond the accumulator and one chunk. With limbs: over element k's own
-    // low limb (the strategy's gradient, as fp32), each chunk's int64 sums
-    // made from both limbs and summed over ranks (int64, exact) first.
 #ifdef TRAINER_CUDA_KERNELS
   // One rank's limb sums on CUDA: one launch per group converts every
   // parameter's (the chunked sequence below runs about eight LibTorch
@@ -318,6 +310,14 @@ std::vector<torch::Tensor> ExactGradients::reduce(Comm& comm) {
     return strategy_;
   }
 #endif
+  // The fp32 sums are written over the sums' own memory. Without limbs:
+  // element k's fp32 value takes bytes [4k, 4k + 4) of the accumulator,
+  // which hold int64 element k / 2 (rounded down), read before it is
+  // overwritten: elements go in increasing order, a chunk at a time, each
+  // chunk read whole into fp64 before any of it is written. No memory
+  // beyond the accumulator and one chunk. With limbs: over element k's own
+  // low limb (the strategy's gradient, as fp32), each chunk's int64 sums
+  // made from both limbs and summed over ranks (int64, exact) first.
   const torch::Tensor whole =
       limbs_ ? torch::Tensor() : accumulator_.view(torch::kFloat32).narrow(0, 0, accumulator_.numel());
   const int64_t chunk = largest_.is_cuda() ? kDeviceConvertChunk : kConvertChunk;

@@ -128,8 +128,8 @@ class ExactGradients {
   std::vector<torch::Tensor> strategy_;  // with limbs: the strategy's fp32 gradient, per group
   torch::Tensor largest_;                // fp64 [parameters]: the pass's max |g| per parameter
   torch::Tensor scales_;  // on CUDA, fp64 [parameters]: 2^s_p for the kernel, 0 where unknown (set by begin_pass)
-  // With limbs on CUDA, per group: its parameters (in layout_'s order), the
-  // device's int64 start of each in the group, for reduce()'s one launch.
+  // Per non-empty group, its parameters in layout_'s order; with limbs on
+  // CUDA, each one's start in the group on the device (reduce()'s one launch).
   std::vector<std::vector<size_t>> group_parameters_;
   std::vector<torch::Tensor> group_starts_;
   std::vector<int64_t> exponents_;
