@@ -14,6 +14,10 @@
 #include "trainer/Errors.h"
 #include "trainer/sharding/AdamW.h"
 
+// LibTorch 2.1 and later fill new uninitialised tensors under deterministic
+// algorithms, and say so by a switch of their own.
+#define TRAINER_FILL_SWITCH (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1))
+
 namespace trainer {
 
 ReproducibleSettings::ReproducibleSettings()
@@ -21,14 +25,14 @@ ReproducibleSettings::ReproducibleSettings()
       warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()),
       fusion_(ops::gradient_fusion_enabled()),
       threads_(at::get_num_threads()) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#if TRAINER_FILL_SWITCH
   fill_ = at::globalContext().deterministicFillUninitializedMemory();
 #endif
   // cuBLAS picks its reduction scheme per workspace; a fixed one makes its
   // GEMMs run-to-run deterministic (LibTorch refuses them otherwise).
   setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
   at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#if TRAINER_FILL_SWITCH
   // With deterministic algorithms on, LibTorch also fills every new
   // uninitialised tensor (NaN, or an integer's largest value), a debugging
   // aid that never changes a result that is deterministic without it: on
@@ -43,7 +47,7 @@ ReproducibleSettings::ReproducibleSettings()
 
 ReproducibleSettings::~ReproducibleSettings() {
   at::globalContext().setDeterministicAlgorithms(deterministic_, warn_only_);
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#if TRAINER_FILL_SWITCH
   at::globalContext().setDeterministicFillUninitializedMemory(fill_);
 #endif
   at::set_num_threads(threads_);
