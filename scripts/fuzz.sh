@@ -47,7 +47,7 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(safetensors metrics manifest recipe jsonl-record hf-config tokenizer tokenizer-json token-rows
                                       toml)
 status=0
-# The targets compile TRAINER_BUILD_JOBS (default 2) at a time, then run one after another.
+# The targets compile TRAINER_BUILD_JOBS (default 2) at a time.
 build() {
   # shellcheck disable=SC2086
   clang++ "${flags[@]}" "tests/fuzz/Fuzz${names[$1]}.cpp" ${sources[$1]} ${extra[$1]:-} -o "$out/fuzz-$1" \
@@ -64,14 +64,27 @@ for t in "${targets[@]}"; do
 done
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 [ $status -eq 0 ] || exit 1
-for t in "${targets[@]}"; do
+# The targets run TRAINER_BUILD_JOBS at a time too (each is one process on
+# one core); their reports print as each ends.
+run() {
+  local t=$1
   rm -rf "$out/corpus-$t" && mkdir -p "$out/corpus-$t"
   if "$out/fuzz-$t" -seed="${FUZZ_SEED:-1}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
        -artifact_prefix="$out/crash-$t-" "$out/corpus-$t" "tests/fuzz/corpus/$t" >"$out/fuzz-$t.log" 2>&1; then
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$out/fuzz-$t.log" | grep -o '[0-9]*$')
     echo "fuzz $t: ${runs:-?} executions in ${seconds}s, no crash"
   else
-    echo "fuzz $t: FAILED (see $out/fuzz-$t.log)"; tail -30 "$out/fuzz-$t.log"; status=1
+    echo "fuzz $t: FAILED (see $out/fuzz-$t.log)"; tail -30 "$out/fuzz-$t.log"; return 1
+  fi
+}
+pids=()
+for t in "${targets[@]}"; do
+  run "$t" &
+  pids+=($!)
+  if [ ${#pids[@]} -ge "${TRAINER_BUILD_JOBS:-2}" ]; then
+    wait "${pids[0]}" || status=1
+    pids=("${pids[@]:1}")
   fi
 done
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 exit $status
