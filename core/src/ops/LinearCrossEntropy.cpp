@@ -194,8 +194,17 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
       bound.addcmul_(grad_w, scale);
       return {dh, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
     }
-    // In place: the step's peak memory falls here, with every activation alive.
-    const torch::Tensor dw = grad_w.mul_(scale).to(weight.scalar_type());
+    // In place, or straight into the weight's dtype (the product rounded to
+    // fp32, then to it, as a product and a copy would, without the second
+    // pass over an fp32 tensor as large as the weight): the step's peak
+    // memory falls here, with every activation alive.
+    torch::Tensor dw = grad_w;
+    if (weight.scalar_type() == grad_w.scalar_type()) {
+      dw.mul_(scale);
+    } else {
+      dw = at::empty_like(grad_w, weight.scalar_type());
+      at::mul_out(dw, grad_w, scale);
+    }
     return {dh, dw, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
