@@ -47,25 +47,29 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(safetensors metrics manifest recipe jsonl-record hf-config tokenizer tokenizer-json token-rows
                                       toml)
 status=0
-# The targets compile TRAINER_BUILD_JOBS (default 2) at a time.
+# Runs function $1 for each target, TRAINER_BUILD_JOBS (default 2) at a
+# time; status=1 when any of them fails.
+each_target() {
+  local pids=() pid t
+  for t in "${targets[@]}"; do
+    "$1" "$t" &
+    pids+=($!)
+    if [ ${#pids[@]} -ge "${TRAINER_BUILD_JOBS:-2}" ]; then
+      wait "${pids[0]}" || status=1
+      pids=("${pids[@]:1}")
+    fi
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+}
 build() {
   # shellcheck disable=SC2086
   clang++ "${flags[@]}" "tests/fuzz/Fuzz${names[$1]}.cpp" ${sources[$1]} ${extra[$1]:-} -o "$out/fuzz-$1" \
     > "$out/build-$1.log" 2>&1 || { echo "fuzz $1: does not compile"; cat "$out/build-$1.log"; return 1; }
 }
-pids=()
-for t in "${targets[@]}"; do
-  build "$t" &
-  pids+=($!)
-  if [ ${#pids[@]} -ge "${TRAINER_BUILD_JOBS:-2}" ]; then
-    wait "${pids[0]}" || status=1
-    pids=("${pids[@]:1}")
-  fi
-done
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+each_target build
 [ $status -eq 0 ] || exit 1
-# The targets run TRAINER_BUILD_JOBS at a time too (each is one process on
-# one core); their reports print as each ends.
+# The targets run the same way (each is one process on one core); their
+# reports print as each ends.
 run() {
   local t=$1
   rm -rf "$out/corpus-$t" && mkdir -p "$out/corpus-$t"
@@ -77,14 +81,5 @@ run() {
     echo "fuzz $t: FAILED (see $out/fuzz-$t.log)"; tail -30 "$out/fuzz-$t.log"; return 1
   fi
 }
-pids=()
-for t in "${targets[@]}"; do
-  run "$t" &
-  pids+=($!)
-  if [ ${#pids[@]} -ge "${TRAINER_BUILD_JOBS:-2}" ]; then
-    wait "${pids[0]}" || status=1
-    pids=("${pids[@]:1}")
-  fi
-done
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+each_target run
 exit $status
