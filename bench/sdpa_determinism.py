@@ -5,7 +5,9 @@
 # sequence of 2048) and at a micro-batch of 4. Times are wall time per call
 # from Python, the host's launch cost included: compare backends, not kernels.
 # On the GPU machine: python3 bench/sdpa_determinism.py
-import torch, time, sys
+import time
+
+import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
 print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())
@@ -16,13 +18,14 @@ def run(backend, b, h, kvh, d, t, gqa_native):
     k = torch.randn(b, kvh, t, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
     v = torch.randn(b, kvh, t, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
     do = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    def step():
+    def attend():
         with sdpa_kernel(backend):
             if gqa_native:
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            else:
-                r = h // kvh
-                o = F.scaled_dot_product_attention(q, k.repeat_interleave(r, 1), v.repeat_interleave(r, 1), is_causal=True)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            r = h // kvh
+            return F.scaled_dot_product_attention(q, k.repeat_interleave(r, 1), v.repeat_interleave(r, 1), is_causal=True)
+    def step():
+        o = attend()
         gq, gk, gv = torch.autograd.grad(o, (q, k, v), do)
         return o, gq, gk, gv
     try:
@@ -42,13 +45,7 @@ def run(backend, b, h, kvh, d, t, gqa_native):
     # forward only
     t0 = time.perf_counter()
     with torch.no_grad():
-        for _ in range(n):
-            with sdpa_kernel(backend):
-                if gqa_native:
-                    F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-                else:
-                    r = h // kvh
-                    F.scaled_dot_product_attention(q, k.repeat_interleave(r, 1), v.repeat_interleave(r, 1), is_causal=True)
+        for _ in range(n): attend()
     torch.cuda.synchronize()
     fms = (time.perf_counter() - t0) / n * 1e3
     return f"fwd+bwd {ms:.3f} ms, fwd {fms:.3f} ms, repeatable bits: {same}"
