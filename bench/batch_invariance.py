@@ -27,10 +27,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA start
 import torch
 import torch.nn.functional as F
 
-SHAPES = {  # hidden, intermediate, heads, key/value heads, vocab
-    "0.5b": (896, 4864, 14, 2, 151936),
-    "3b": (2048, 11008, 16, 2, 151936),
-}
+from bench import SHAPES  # bench.py's model shapes
 
 
 def compare(name, whole, parts):
@@ -51,7 +48,9 @@ def main():
     parser.add_argument("--seq", type=int, default=2048)
     args = parser.parse_args()
     torch.use_deterministic_algorithms(True)
-    hidden, inter, heads, kv_heads, vocab = SHAPES[args.shape]
+    shape = SHAPES[args.shape]
+    hidden, inter = shape["hidden_size"], shape["intermediate_size"]
+    heads, kv_heads = shape["num_attention_heads"], shape["num_key_value_heads"]
     head_dim = hidden // heads
     b, t = args.atoms, args.seq
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, shape {args.shape}, {b} atoms of 1 x {t}")
