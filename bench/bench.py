@@ -18,8 +18,11 @@ Arms, each its own process, all in one run:
   compile-fused    the model and the loss under torch.compile, AdamW(fused=True):
                    what a user would do instead of this trainer; the baseline of every ratio
   ddp, zero3       trainer run with strategy ddp / zero3
-  NAME=KEY=V,...   a trainer arm (ddp) with recipe overrides, e.g.
+  NAME=KEY=V;...   a trainer arm with recipe overrides (the strategy ddp, or NAME's
+                   where NAME is ddp, zero1, zero2 or zero3), e.g.
                    ckpt=model.activation_checkpointing=full
+  NAME@PATH[=...]  the same arm run by the trainer binary at PATH: two builds side
+                   by side in one round-robin run (the row: NAME-<PATH's build folder>)
 The first --warmup steps are left out of the timing: the wall time from the
 end of the last warm-up step to the end of the last step, every kernel of
 those steps finished (HF: torch.cuda.synchronize; trainer: the step_seconds of
@@ -118,7 +121,7 @@ class PeakMemory:
         return self.peak / 1024  # GiB
 
 
-def run_trainer(args, config, work, name, strategy, overrides):
+def run_trainer(args, config, work, name, strategy, overrides, trainer=None):
     out = os.path.join(work, f"run-{name}")
     recipe = os.path.join(work, f"{name}.toml")
     model = "\n".join(f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in config.items())
@@ -152,7 +155,7 @@ interval = 5
     overrides = [f"run.peak_tflops={args.peak_tflops}"] + overrides
     if args.profile:
         overrides += [f"run.profile_start={args.warmup + 1}", "run.profile_steps=2"]
-    command = [args.trainer, "run", recipe] + [a for o in overrides for a in ("--set", o)]
+    command = [trainer or args.trainer, "run", recipe] + [a for o in overrides for a in ("--set", o)]
     process = subprocess.Popen(command, stdout=sys.stderr, stderr=sys.stderr)
     memory = PeakMemory(process.pid)
     if process.wait() != 0:
@@ -240,7 +243,8 @@ def main():
     parser.add_argument("--trainer", default="build-gpu/bin/trainer")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
     parser.add_argument("--arms", default="eager,eager-fused,compile-fused,compile-autotune,ddp,zero3",
-                        help="comma-separated arms; NAME=KEY=VALUE;KEY=VALUE adds a ddp arm with overrides")
+                        help="comma-separated arms; NAME=KEY=VALUE;KEY=VALUE adds a ddp arm with overrides; "
+                             "NAME@PATH runs the trainer binary at PATH (e.g. ddp@build-b/bin/trainer)")
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--micro-batch", type=int, default=4)
@@ -280,11 +284,15 @@ def main():
             elif arm == "compile-autotune":
                 name, result = arm, run_hugging_face(args, config, arm, fused=True, compiled=True,
                                                      mode="max-autotune-no-cudagraphs")
-            elif arm in ("ddp", "zero3", "zero1", "zero2"):
-                name, result = f"trainer {arm}", run_trainer(args, config, work, arm, arm, [])
             else:
-                label, _, overrides = arm.partition("=")
-                name, result = f"trainer {label}", run_trainer(args, config, work, label, "ddp", overrides.split(";"))
+                # LABEL[@TRAINER][=overrides]: a trainer arm; @TRAINER runs another build (two builds in one
+                # round-robin run); the label ddp, zero1, zero2 or zero3 names the strategy, any other runs ddp.
+                spec, _, overrides = arm.partition("=")
+                label, _, binary = spec.partition("@")
+                strategy = label if label in ("ddp", "zero3", "zero1", "zero2") else "ddp"
+                tag = label + (f"-{os.path.basename(os.path.dirname(os.path.dirname(binary)))}" if binary else "")
+                name, result = f"trainer {tag}", run_trainer(args, config, work, tag, strategy,
+                                                             overrides.split(";") if overrides else [], binary or None)
             runs.setdefault(name, []).append(result)
             shutil.rmtree(os.path.join(work, f"run-{name.removeprefix('trainer ')}"), ignore_errors=True)
     # Per arm: the run of median speed (its memory and loss beside it), and
