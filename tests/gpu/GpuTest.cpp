@@ -3,6 +3,7 @@
 // the CPU and with itself across accumulation splits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -511,6 +512,79 @@ TEST(GpuTraining, CudaGraphAtomsTrainTheBitsOfEagerAtoms) {
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_NE(refused.output.find("cuda_graphs: expected false with strategy 'zero3'"), std::string::npos)
       << refused.output;
+}
+
+// training.cuda_graphs in the fast mode: micro-steps replayed from CUDA
+// graphs train the bits of the same split run eagerly, under ddp (every
+// micro-step replayed at world size 1) and zero1, with accumulation and
+// without. The fast mode's own kernels must repeat their bits for that to
+// be asked: each split runs eagerly twice, and where those two differ (an
+// attention backward with atomic adds on this device) the graphs' run is
+// held to their difference instead (compare --rtol at the eager pair's
+// largest relative loss difference, at least bf16's unit roundoff 2^-8:
+// graphs change no arithmetic, only who launches it). Every micro-batch
+// has one target count (completion_only_loss off), so one graph serves the
+// run, and the log counts the replays. zero2 and zero3 reduce or gather
+// during a micro-step: refused by key.
+TEST(GpuTraining, CudaGraphMicroStepsTrainTheBitsOfEagerOnes) {
+  REQUIRE_CUDA();
+  for (const char* precision : {"fp32", "bf16"}) {
+    for (const auto& [strategy, micro, accum] :
+         std::vector<std::tuple<std::string, int, int>>{{"ddp", 8, 1}, {"ddp", 2, 4}, {"zero1", 4, 2}}) {
+      const std::string what =
+          std::string(precision) + " " + strategy + " " + std::to_string(micro) + "x" + std::to_string(accum);
+      std::vector<std::string> dirs;
+      for (const char* arm : {"eager", "eager_again", "graphs"}) {
+        const bool graphs = std::string(arm) == "graphs";
+        const std::string dir = scratch_dir(std::string("GpuFastGraphs_") + precision + "_" + strategy + "_" +
+                                            std::to_string(micro) + "x" + std::to_string(accum) + "_" + arm);
+        const auto result =
+            trainer("run " + source_path("configs/quickstart.toml") + " --set run.output_dir=" + dir +
+                    " --set run.device=cuda --set training.steps=8" +
+                    " --set dataset.completion_only_loss=false --set training.precision=" + precision +
+                    " --set strategy.name=" + strategy + " --set training.micro_batch_size=" + std::to_string(micro) +
+                    " --set training.grad_accum_steps=" + std::to_string(accum) +
+                    " --set training.cuda_graphs=" + (graphs ? "true" : "false"));
+        ASSERT_EQ(result.exit_code, 0) << what << "\n" << result.output;
+        const size_t counted = result.output.find(" micro-steps replayed from 1 graphs");
+        if (graphs) {
+          ASSERT_NE(counted, std::string::npos) << what << "\n" << result.output;
+          const size_t at = result.output.rfind("training.cuda_graphs: ", counted);
+          ASSERT_NE(at, std::string::npos) << result.output;
+          // The first micro-step runs eagerly, the second is captured and replayed, and so is every later one.
+          const int64_t replays = std::stoll(result.output.substr(at + std::string("training.cuda_graphs: ").size()));
+          EXPECT_EQ(replays, 8 * accum - 1) << what << ": " << result.output;
+        } else {
+          EXPECT_EQ(result.output.find("captured"), std::string::npos) << result.output;
+        }
+        dirs.push_back(dir);
+      }
+      const std::vector<double> eager = column(read_metrics(dirs[0] + "/metrics.jsonl"), "loss");
+      const std::vector<double> again = column(read_metrics(dirs[1] + "/metrics.jsonl"), "loss");
+      ASSERT_EQ(eager.size(), again.size());
+      double spread = 0.0;
+      for (size_t i = 0; i < eager.size(); ++i) {
+        spread = std::max(spread, std::abs(eager[i] - again[i]) / std::abs(eager[i]));
+      }
+      if (spread == 0.0) {
+        expect_the_same_bits({dirs[0], dirs[2]}, what);
+      } else {
+        const double rtol = std::max(spread, std::ldexp(1.0, -8));
+        const auto close = trainer("compare --rtol " + std::to_string(rtol) + " " + dirs[0] + " " + dirs[2]);
+        EXPECT_EQ(close.exit_code, 0) << what << " (the eager runs differ by " << spread << ")\n" << close.output;
+      }
+    }
+  }
+  for (const char* strategy : {"zero2", "zero3"}) {
+    const auto refused = trainer("run " + source_path("configs/quickstart.toml") +
+                                 " --set run.output_dir=" + scratch_dir(std::string("GpuFastGraphs_") + strategy) +
+                                 " --set run.device=cuda --set training.steps=2 --set training.cuda_graphs=true" +
+                                 " --set strategy.name=" + strategy);
+    EXPECT_EQ(refused.exit_code, 2) << refused.output;
+    EXPECT_NE(refused.output.find(std::string("cuda_graphs: expected false with strategy '") + strategy + "'"),
+              std::string::npos)
+        << refused.output;
+  }
 }
 
 }  // namespace

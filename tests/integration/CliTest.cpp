@@ -67,7 +67,7 @@ TEST(Cli, BadRecipesExitWithTwoAndNameTheProblem) {
       {base + "[training]\nprecision = 'bf16'\nfp8_scaling = 'rowwise'\n", "this run computes in bf16"},
       {base + "[training]\nfp8_scaling = 'blockwise'\n", "fp8_scaling"},
       {base + "[training]\ncuda_graphs = true\n",
-       "[training] cuda_graphs: expected false without training.reproducible = true"},
+       "[training] cuda_graphs: expected false with run.device = 'cpu' (CUDA graphs)"},
       {base + "[training]\nreproducible = true\ncuda_graphs = true\n",
        "[training] cuda_graphs: expected false with run.device = 'cpu' (CUDA graphs)"},
   };

@@ -152,6 +152,18 @@ class Strategy : public Component {
   /// neither of them again for the replays. Default: false (a strategy that
   /// gathers parameters per unit, as zero3 does, is not).
   virtual bool replayable_atoms() const { return false; }
+  /// Set up without exact gradients (the fast mode): whether forward() and
+  /// backward() of `micro` do the same device work as every other micro-step
+  /// this returns true for, whatever the data: no collective, no host sync,
+  /// no host state that changes, gradients accumulated into buffers whose
+  /// memory stays where it is. The core may then capture one such
+  /// micro-step in a CUDA graph and replay it for the others of its shape
+  /// (training.cuda_graphs); the rest run eagerly. Default: false (ddp and
+  /// zero1 replay every micro-step but a last one that starts all-reduces).
+  virtual bool replayable_micro_step(const MicroStep& micro) const {
+    (void)micro;
+    return false;
+  }
 };
 
 }  // namespace trainer

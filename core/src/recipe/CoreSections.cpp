@@ -54,9 +54,10 @@ constexpr KeySpec kTrainingKeys[] = {
      "train the same bits (1: every split; larger: fewer, faster launches)",
      1, 1 << 20},
     {"cuda_graphs", VT::Bool, "false",
-     "reproducible mode on CUDA: capture one atom's forward and backward in a CUDA graph and replay it for the "
-     "others (the same bits, far fewer launches); needs a strategy whose atoms are replayable (ddp, zero1, zero2) "
-     "and unpacked samples"},
+     "on CUDA: capture one micro-step's (reproducible mode: one atom's) forward and backward in a CUDA graph and "
+     "replay it for the others of its shape (the same bits, far fewer launches); needs unpacked samples and a "
+     "strategy that can replay them: ddp and zero1 (reproducible mode also zero2); at world size > 1 the fast "
+     "mode's last micro-step of a step runs eagerly (it starts the all-reduces)"},
 };
 constexpr KeySpec kOptimizerKeys[] = {
     // The rest of [optimizer] are the chosen optimizer plugin's keys (adamw:

@@ -1,4 +1,4 @@
-// Reproducible mode's atoms on the device (see AtomRunner.h).
+// Reproducible mode's atoms and the fast mode's micro-steps on the device (see AtomRunner.h).
 #include "reproducible/AtomRunner.h"
 
 #include <stdexcept>
@@ -100,7 +100,7 @@ torch::Tensor AtomRunner::scaled(const torch::Tensor& loss_sum) const {
   return loss_sum * (loss_sum.scalar_type() == torch::kFloat64 ? reciprocal_f64_ : reciprocal_f32_);
 }
 
-torch::Tensor AtomRunner::run(const Batch& batch, ExactGradients& exact, const Atom& atom) {
+torch::Tensor AtomRunner::run(const Batch& batch, ExactGradients* exact, const Atom& atom) {
   if (!graphs_ || batch.position_ids.defined()) return atom(batch);
 #ifdef TRAINER_CUDA_KERNELS
   const Key key{batch.input_ids.sizes().vec(), batch.labels.sizes().vec(), batch.target_tokens};
@@ -112,9 +112,9 @@ torch::Tensor AtomRunner::run(const Batch& batch, ExactGradients& exact, const A
     if (seen == 1 || full) {
       if (full && seen == 2) {
         log::warn(
-            fmt::format("training.cuda_graphs: {} atom shapes captured already; atoms of another shape (target "
-                        "count {}) run without a graph",
-                        kMaxGraphs, batch.target_tokens));
+            fmt::format("training.cuda_graphs: {} shapes captured already; {} of another shape (target count {}) "
+                        "run without a graph",
+                        kMaxGraphs, exact != nullptr ? "atoms" : "micro-steps", batch.target_tokens));
       }
       return atom(batch);
     }
@@ -124,7 +124,7 @@ torch::Tensor AtomRunner::run(const Batch& batch, ExactGradients& exact, const A
   graph.inputs.input_ids.copy_(batch.input_ids);
   graph.inputs.labels.copy_(batch.labels);
   graph.graph.replay();
-  exact.count_calls(graph.calls);
+  if (exact != nullptr) exact->count_calls(graph.calls);
   ++replays_;
   return graph.loss;
 #else
@@ -133,19 +133,25 @@ torch::Tensor AtomRunner::run(const Batch& batch, ExactGradients& exact, const A
 #endif
 }
 
-std::unique_ptr<AtomRunner::Graph> AtomRunner::capture(const Batch& batch, ExactGradients& exact, const Atom& atom) {
+std::unique_ptr<AtomRunner::Graph> AtomRunner::capture(const Batch& batch, ExactGradients* exact, const Atom& atom) {
 #ifdef TRAINER_CUDA_KERNELS
   static_assert(std::is_same_v<decltype(pool_), at::cuda::MempoolId_t>);
   auto graph = std::make_unique<Graph>();
   graph->inputs = batch;
   graph->inputs.input_ids = batch.input_ids.clone();
   graph->inputs.labels = batch.labels.clone();
-  const std::vector<int64_t> before = exact.calls();
+  const std::vector<int64_t> before = exact != nullptr ? exact->calls() : std::vector<int64_t>{};
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream();
   // Every graph allocates from one memory pool: replays run one at a time
   // on this stream, and what an atom leaves (its loss) is read before the
   // next one runs.
-  if (pool_ == decltype(pool_){0, 0}) pool_ = at::cuda::graph_pool_handle();
+  if (pool_ == decltype(pool_){0, 0}) {
+    pool_ = at::cuda::graph_pool_handle();
+    // The eager runs before the first capture left their blocks cached
+    // outside the graphs' pool, where no replay can use them: a whole
+    // micro-batch's activations, in the fast mode. Handed back once.
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  }
   bool began = false;
   try {
 #if TORCH_VERSION_MAJOR >= 2
@@ -179,23 +185,25 @@ std::unique_ptr<AtomRunner::Graph> AtomRunner::capture(const Batch& batch, Exact
     (void)began;
 #endif
     cudaGetLastError();  // the capture's error is reported below, not by the next launch
-    throw TrainingError(
-        fmt::format("training.cuda_graphs: an atom's forward and backward could not be captured in a CUDA graph ({}); "
-                    "the model and strategy must launch the same work for every atom with no host sync (set "
-                    "training.cuda_graphs = false to run without graphs)",
-                    error.what()));
+    throw TrainingError(fmt::format(
+        "training.cuda_graphs: {} forward and backward could not be captured in a CUDA graph ({}); "
+        "the model and strategy must launch the same work for every {} with no host sync (set "
+        "training.cuda_graphs = false to run without graphs)",
+        exact != nullptr ? "an atom's" : "a micro-step's", error.what(), exact != nullptr ? "atom" : "micro-step"));
   }
   // The capture ran nothing: its hooks' counts are the replays' to add.
-  graph->calls.resize(before.size());
-  std::vector<int64_t> undo(before.size());
-  for (size_t i = 0; i < before.size(); ++i) {
-    graph->calls[i] = exact.calls()[i] - before[i];
-    undo[i] = -graph->calls[i];
+  if (exact != nullptr) {
+    graph->calls.resize(before.size());
+    std::vector<int64_t> undo(before.size());
+    for (size_t i = 0; i < before.size(); ++i) {
+      graph->calls[i] = exact->calls()[i] - before[i];
+      undo[i] = -graph->calls[i];
+    }
+    exact->count_calls(undo);
   }
-  exact.count_calls(undo);
   ++captures_;
-  log::info(fmt::format("training.cuda_graphs: an atom of {} target tokens captured; its shape replays from now on",
-                        batch.target_tokens));
+  log::info(fmt::format("training.cuda_graphs: {} of {} target tokens captured; its shape replays from now on",
+                        exact != nullptr ? "an atom" : "a micro-step", batch.target_tokens));
   return graph;
 #else
   (void)batch, (void)exact, (void)atom;

@@ -1,9 +1,11 @@
-// Reproducible mode's atoms on the device: the loss scaled by 1 / N_t, and
-// with training.cuda_graphs each atom's forward and backward replayed from
-// a CUDA graph. Every atom of a run has the same shape (reproducible_atom
-// samples of seq_len), so one capture serves them all. Without graphs,
-// atoms of 1 sample at the 0.5B bench shape run at the host's pace (10,716
-// device events a step for 4 atoms; bench/README).
+// Reproducible mode's atoms, and the fast mode's micro-steps, on the
+// device: the loss scaled by 1 / N_t, and with training.cuda_graphs each
+// atom's (micro-step's) forward and backward replayed from a CUDA graph.
+// Every atom of a run has the same shape (reproducible_atom samples of
+// seq_len), as has every micro-batch of unpacked samples, so one capture
+// serves them all. Without graphs, atoms of 1 sample at the 0.5B bench
+// shape run at the host's pace (10,716 device events a step for 4 atoms;
+// bench/README).
 #pragma once
 
 #include <cstdint>
@@ -69,10 +71,11 @@ class AtomRunner {
   /// lazily made state, cuBLAS workspaces, caches), captured the second
   /// time, replayed from then on, with the batch copied into the inputs the
   /// graph reads. A replay runs no hook: `exact` is told the contributions
-  /// the capture counted. At most kMaxGraphs shapes are captured (all in one
-  /// memory pool: replays run one at a time); others run eagerly. The
-  /// result is valid until the next call.
-  torch::Tensor run(const Batch& batch, ExactGradients& exact, const Atom& atom);
+  /// the capture counted (reproducible mode; null in the fast mode, whose
+  /// strategies sum the gradients themselves). At most kMaxGraphs shapes are
+  /// captured (all in one memory pool: replays run one at a time); others
+  /// run eagerly. The result is valid until the next call.
+  torch::Tensor run(const Batch& batch, ExactGradients* exact, const Atom& atom);
 
   /// Graphs captured and atoms replayed so far.
   int64_t captures() const { return captures_; }
@@ -82,7 +85,7 @@ class AtomRunner {
  private:
   struct Graph;
   using Key = std::tuple<std::vector<int64_t>, std::vector<int64_t>, int64_t>;  // input, label shapes; targets
-  std::unique_ptr<Graph> capture(const Batch& batch, ExactGradients& exact, const Atom& atom);
+  std::unique_ptr<Graph> capture(const Batch& batch, ExactGradients* exact, const Atom& atom);
 
   torch::Device device_;
   bool graphs_;

@@ -70,11 +70,6 @@ RunConfig run_config(const Recipe& recipe, int world_size) {
   config.reproducible_atom = recipe.training.integer("reproducible_atom");
   config.cuda_graphs = recipe.training.boolean("cuda_graphs");
   if (config.cuda_graphs) {
-    if (!config.reproducible) {
-      recipe.training.fail("cuda_graphs",
-                           "false without training.reproducible = true (the graphs replay reproducible mode's atoms, "
-                           "which all have one shape)");
-    }
     if (config.device != "cuda") {
       recipe.training.fail("cuda_graphs", fmt::format("false with run.device = '{}' (CUDA graphs)", config.device));
     }

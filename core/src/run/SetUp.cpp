@@ -169,6 +169,31 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
     if (config.cuda_graphs) {
       log::info("training.cuda_graphs: each atom shape runs once, is captured the second time and replayed after");
     }
+  } else if (config.cuda_graphs) {
+    const int64_t steps = config.shape.grad_accum_steps;
+    const bool first = run.strategy->replayable_micro_step(MicroStep{0, steps == 1, steps, 0});
+    const bool last = run.strategy->replayable_micro_step(MicroStep{steps - 1, true, steps, 0});
+    if (!first && !last) {
+      recipe.training.fail(
+          "cuda_graphs",
+          fmt::format("false with strategy '{}'{}: none of its micro-steps can be replayed from a CUDA graph "
+                      "(Strategy::replayable_micro_step; ddp and zero1 replay every micro-step but a last one that "
+                      "starts all-reduces, so at world size > 1 they need accumulation steps)",
+                      run.strategy_name,
+                      world.world_size > 1 ? fmt::format(" at world size {}", world.world_size) : std::string()));
+    }
+    if (run.dataset->packs_documents()) {
+      recipe.training.fail("cuda_graphs",
+                           "false with a dataset that packs documents (each micro-batch's documents lie elsewhere, "
+                           "which one graph cannot replay)");
+    }
+    run.atoms = std::make_unique<AtomRunner>(run.device, /*graphs=*/true);
+    log::info(
+        fmt::format("training.cuda_graphs: each micro-batch shape runs once, is captured the second time and "
+                    "replayed after ({})",
+                    first && last ? "every micro-step"
+                    : first       ? "all but the last micro-step of a step"
+                                  : "the last micro-step of a step"));
   }
   return run;
 }

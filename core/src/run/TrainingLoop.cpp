@@ -155,7 +155,7 @@ void reproducible_reduction(RunParts& run, const std::vector<MicroBatch>& atoms,
   runner.begin_step(target_tokens);
   const int passes = run_exact_passes(exact, strategy, comm, count, [&](int64_t k) {
     // With training.cuda_graphs this may run once per atom shape and be replayed for the others.
-    const torch::Tensor loss = runner.run(atoms[k].batch, exact, [&](const Batch& batch) {
+    const torch::Tensor loss = runner.run(atoms[k].batch, &exact, [&](const Batch& batch) {
       const LossSum out = checked_forward(run, batch);
       strategy.backward(runner.scaled(out.loss_sum), MicroStep{k, k == count - 1, count, target_tokens});
       return out.loss_sum.detach().reshape({1});
@@ -224,12 +224,25 @@ StepOutcome optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const Upd
     reproducible_reduction(run, micro_batches, target_tokens, outcome);
   } else {
     torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(run.device));
+    // With training.cuda_graphs the micro-steps the strategy calls
+    // replayable run from a CUDA graph (AtomRunner), 1 / N_t read from the
+    // device: the same bits as dividing by N_t here.
+    AtomRunner* runner = run.atoms.get();
+    if (runner != nullptr) runner->begin_step(target_tokens);
     for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
-      const LossSum out = checked_forward(run, micro_batches[m].batch);
-      loss_sum += out.loss_sum.detach().to(torch::kFloat64);
+      const MicroStep micro{m, m == shape.grad_accum_steps - 1, shape.grad_accum_steps, target_tokens};
       // Contract, point 3: divide by N_t once; nothing else scales.
-      strategy.backward(out.loss_sum / static_cast<double>(target_tokens),
-                        MicroStep{m, m == shape.grad_accum_steps - 1, shape.grad_accum_steps, target_tokens});
+      const auto micro_step = [&](const Batch& batch) {
+        const LossSum out = checked_forward(run, batch);
+        strategy.backward(
+            runner != nullptr ? runner->scaled(out.loss_sum) : out.loss_sum / static_cast<double>(target_tokens),
+            micro);
+        return out.loss_sum.detach();
+      };
+      const torch::Tensor loss = runner != nullptr && strategy.replayable_micro_step(micro)
+                                     ? runner->run(micro_batches[m].batch, nullptr, micro_step)
+                                     : micro_step(micro_batches[m].batch);
+      loss_sum += loss.to(torch::kFloat64);
     }
     // The loss's all-reduce runs behind the strategy's reduction and is waited for after it.
     const std::unique_ptr<CommWork> loss_reduction = comm.all_reduce_sum_async(loss_sum);
@@ -443,8 +456,8 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
     throw;
   }
   if (config.cuda_graphs) {
-    log::info(fmt::format("training.cuda_graphs: {} atoms replayed from {} graphs", run.atoms->replays(),
-                          run.atoms->captures()));
+    log::info(fmt::format("training.cuda_graphs: {} {} replayed from {} graphs", run.atoms->replays(),
+                          run.exact ? "atoms" : "micro-steps", run.atoms->captures()));
   }
   write_memory_report(*run.strategy, *run.comm, run.device, out / "memory.json", run.writer,
                       {run.measured_setup_bytes, run.measured_after_step_bytes, run.measured_step_peak_bytes});

@@ -131,6 +131,11 @@ class DdpStrategy final : public Strategy {
   std::vector<StateSlice> state_slices() override { return shards_.state_slices(); }
   // In exact mode backward() is autograd's alone, on parameters set up once.
   bool replayable_atoms() const override { return exact_; }
+  // In the fast mode backward() adds into the buffers bound once; only a
+  // last micro-step whose hooks start the buckets' all-reduces does more.
+  bool replayable_micro_step(const MicroStep& micro) const override {
+    return !exact_ && !(overlap_ && micro.is_last && comm_->world_size() > 1);
+  }
 
   void state_loaded() override {
     for (ParameterGroup& group : groups_) sync_compute(group);

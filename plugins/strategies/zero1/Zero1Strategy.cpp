@@ -55,6 +55,10 @@ class Zero1Strategy final : public ShardedStrategy {
     return ShardedStrategy::reduce_gradients_and_norm();
   }
 
+  // backward() is ShardedStrategy's: autograd's adds into the full
+  // gradients kept from setup; the reduction waits for the boundary.
+  bool replayable_micro_step(const MicroStep&) const override { return !exact_gradients(); }
+
   MemoryReport memory() const override {
     MemoryReport report = ShardedStrategy::memory();
     report.peak_transient_bytes = peak_transient_bytes_;  // fp32 reductions run in place: none
