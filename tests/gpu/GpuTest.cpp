@@ -522,12 +522,27 @@ TEST(GpuTraining, CudaGraphAtomsTrainTheBitsOfEagerAtoms) {
 // attention backward with atomic adds on this device) the graphs' run is
 // held to their difference instead (compare --rtol at the eager pair's
 // largest relative loss difference, at least bf16's unit roundoff 2^-8:
-// graphs change no arithmetic, only who launches it). Every micro-batch
-// has one target count (completion_only_loss off), so one graph serves the
-// run, and the log counts the replays. zero2 and zero3 reduce or gather
-// during a micro-step: refused by key.
+// graphs change no arithmetic, only who launches it). The quickstart's
+// model on windows of a token file: every micro-batch has one target count,
+// so one graph serves the run, and the log counts its replays. zero2 and
+// zero3 reduce or gather during a micro-step: refused by key.
 TEST(GpuTraining, CudaGraphMicroStepsTrainTheBitsOfEagerOnes) {
   REQUIRE_CUDA();
+  const std::string data = scratch_dir("GpuFastGraphs_data");
+  std::string tokens;  // 8 steps x 8 windows of 32 tokens (and the last label), uint16, ids below 64
+  uint32_t state = 12345;
+  for (int i = 0; i < 8 * 8 * 32 + 1; ++i) {
+    state = state * 1664525u + 1013904223u;
+    const uint16_t id = static_cast<uint16_t>((state >> 16) % 64);
+    tokens.append(reinterpret_cast<const char*>(&id), sizeof id);
+  }
+  write_file(data + "/tokens.bin", tokens);
+  std::string recipe = testing::read_file(source_path("configs/quickstart.toml"));
+  const size_t from = recipe.find("[dataset]"), to = recipe.find("[training]");
+  ASSERT_TRUE(from != std::string::npos && to != std::string::npos && from < to);
+  recipe.replace(from, to - from,
+                 "[dataset]\nname = \"tokens\"\npath = \"" + data + "/tokens.bin\"\nseq_len = 32\nvocab_size = 64\n");
+  const std::string recipe_file = write_file(data + "/recipe.toml", recipe);
   for (const char* precision : {"fp32", "bf16"}) {
     for (const auto& [strategy, micro, accum] :
          std::vector<std::tuple<std::string, int, int>>{{"ddp", 8, 1}, {"ddp", 2, 4}, {"zero1", 4, 2}}) {
@@ -539,9 +554,8 @@ TEST(GpuTraining, CudaGraphMicroStepsTrainTheBitsOfEagerOnes) {
         const std::string dir = scratch_dir(std::string("GpuFastGraphs_") + precision + "_" + strategy + "_" +
                                             std::to_string(micro) + "x" + std::to_string(accum) + "_" + arm);
         const auto result =
-            trainer("run " + source_path("configs/quickstart.toml") + " --set run.output_dir=" + dir +
-                    " --set run.device=cuda --set training.steps=8" +
-                    " --set dataset.completion_only_loss=false --set training.precision=" + precision +
+            trainer("run " + recipe_file + " --set run.output_dir=" + dir +
+                    " --set run.device=cuda --set training.steps=8 --set training.precision=" + precision +
                     " --set strategy.name=" + strategy + " --set training.micro_batch_size=" + std::to_string(micro) +
                     " --set training.grad_accum_steps=" + std::to_string(accum) +
                     " --set training.cuda_graphs=" + (graphs ? "true" : "false"));
