@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -142,6 +143,32 @@ inline std::vector<double> column(const std::vector<MetricsRow>& rows, const std
 inline const std::string& quickstart_recipe() {
   static const std::string path = source_path("configs/quickstart.toml");
   return path;
+}
+
+/// The quickstart recipe with its dataset replaced by `windows` windows of
+/// 32 tokens (ids below 64, from a fixed LCG) of a uint16 token file: every
+/// sample has every position a target, so every micro-batch of a size has
+/// one target count (the synthetic samples' padding varies it). Written
+/// into scratch_dir(name); returns the recipe's path.
+inline std::string token_file_quickstart(const std::string& name, int windows) {
+  const std::string dir = scratch_dir(name);
+  std::string tokens;
+  uint32_t state = 12345;
+  for (int i = 0; i < windows * 32 + 1; ++i) {
+    state = state * 1664525u + 1013904223u;
+    const uint16_t id = static_cast<uint16_t>((state >> 16) % 64);
+    tokens.append(reinterpret_cast<const char*>(&id), sizeof id);
+  }
+  write_file(dir + "/tokens.bin", tokens);
+  std::string recipe = read_file(quickstart_recipe());
+  const size_t from = recipe.find("[dataset]"), to = recipe.find("[training]");
+  if (from == std::string::npos || to == std::string::npos || to < from) {
+    ADD_FAILURE() << "configs/quickstart.toml: no [dataset] table before [training]";
+    return "";
+  }
+  recipe.replace(from, to - from,
+                 "[dataset]\nname = \"tokens\"\npath = \"" + dir + "/tokens.bin\"\nseq_len = 32\nvocab_size = 64\n");
+  return write_file(dir + "/recipe.toml", recipe);
 }
 
 /// The losses of `trainer run` on the quickstart recipe with `overrides`

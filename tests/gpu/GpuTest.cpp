@@ -528,21 +528,8 @@ TEST(GpuTraining, CudaGraphAtomsTrainTheBitsOfEagerAtoms) {
 // zero3 reduce or gather during a micro-step: refused by key.
 TEST(GpuTraining, CudaGraphMicroStepsTrainTheBitsOfEagerOnes) {
   REQUIRE_CUDA();
-  const std::string data = scratch_dir("GpuFastGraphs_data");
-  std::string tokens;  // 8 steps x 8 windows of 32 tokens (and the last label), uint16, ids below 64
-  uint32_t state = 12345;
-  for (int i = 0; i < 8 * 8 * 32 + 1; ++i) {
-    state = state * 1664525u + 1013904223u;
-    const uint16_t id = static_cast<uint16_t>((state >> 16) % 64);
-    tokens.append(reinterpret_cast<const char*>(&id), sizeof id);
-  }
-  write_file(data + "/tokens.bin", tokens);
-  std::string recipe = testing::read_file(source_path("configs/quickstart.toml"));
-  const size_t from = recipe.find("[dataset]"), to = recipe.find("[training]");
-  ASSERT_TRUE(from != std::string::npos && to != std::string::npos && from < to);
-  recipe.replace(from, to - from,
-                 "[dataset]\nname = \"tokens\"\npath = \"" + data + "/tokens.bin\"\nseq_len = 32\nvocab_size = 64\n");
-  const std::string recipe_file = write_file(data + "/recipe.toml", recipe);
+  const std::string recipe_file = testing::token_file_quickstart("GpuFastGraphs_data", 8 * 8);
+  ASSERT_FALSE(recipe_file.empty());
   for (const char* precision : {"fp32", "bf16"}) {
     for (const auto& [strategy, micro, accum] :
          std::vector<std::tuple<std::string, int, int>>{{"ddp", 8, 1}, {"ddp", 2, 4}, {"zero1", 4, 2}}) {

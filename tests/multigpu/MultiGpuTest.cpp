@@ -2,12 +2,14 @@
 // strategy and hybrid sharding at 2, 4 and 8 ranks against one GPU, each rank
 // on its own device, the conformance kit across ranks (Muon's divided
 // transforms too), resume across world
-// sizes, and a killed rank ending the job. A test that needs more GPUs than
+// sizes, the fast mode's CUDA graphs at two ranks, and a killed rank ending the job. A test that needs more GPUs than
 // the machine shows fails (never skips): run the label only where they are.
 #include <gtest/gtest.h>
 
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <torch/cuda.h>
 
@@ -123,6 +125,47 @@ TEST(MultiGpu, ResumesAcrossWorldSizes) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const auto close = trainer("compare --rtol 1e-5 " + straight + " " + moved);
   EXPECT_EQ(close.exit_code, 0) << close.output;
+}
+
+// training.cuda_graphs in the fast mode at two ranks: ddp replays every
+// micro-step but the last of a step (its hooks start the all-reduces), so
+// with two accumulation steps the first is replayed and the run trains
+// what the eager one does; with one micro-step nothing is replayable and
+// the key is refused naming the world size. zero1 (no hooks) replays every
+// micro-step at any world size. On windows of a token file: one target
+// count a micro-batch, one graph.
+TEST(MultiGpu, CudaGraphMicroStepsAtTwoRanksTrainLikeEagerOnes) {
+  REQUIRE_GPUS(2);
+  const std::string recipe = testing::token_file_quickstart("MultiGpuGraphs_data", 8 * 20);
+  ASSERT_FALSE(recipe.empty());
+  const auto at_two = [&](const std::string& dir, const std::string& strategy, int accum, bool graphs) {
+    return trainer("run " + recipe + kOnCuda + " --set run.output_dir=" + dir + " --set strategy.name=" + strategy +
+                   " --nproc 2 --set training.steps=20 --set training.micro_batch_size=" + std::to_string(4 / accum) +
+                   " --set training.grad_accum_steps=" + std::to_string(accum) +
+                   " --set training.cuda_graphs=" + (graphs ? "true" : "false"));
+  };
+  for (const auto& [strategy, accum] : std::vector<std::pair<std::string, int>>{{"ddp", 2}, {"zero1", 1}}) {
+    const std::string eager = scratch_dir("MultiGpuGraphs_eager_" + strategy);
+    const std::string graphs = scratch_dir("MultiGpuGraphs_" + strategy);
+    ASSERT_EQ(at_two(eager, strategy, accum, false).exit_code, 0);
+    const auto replayed = at_two(graphs, strategy, accum, true);
+    ASSERT_EQ(replayed.exit_code, 0) << replayed.output;
+    EXPECT_EQ(devices_in(replayed.output).size(), 2u) << replayed.output;
+    // Each rank: 20 steps of `accum` micro-steps, ddp's last ones eager; of the replayable ones the first runs
+    // eagerly, the second is captured and replayed, and so is every later one.
+    const int64_t replays = (strategy == "ddp" ? 20 : 20 * accum) - 1;
+    EXPECT_NE(replayed.output.find("training.cuda_graphs: " + std::to_string(replays) + " micro-steps replayed"),
+              std::string::npos)
+        << strategy << "\n"
+        << replayed.output;
+    // The same arithmetic launched another way: equal to rounding at most.
+    const auto close = trainer("compare --rtol 1e-5 " + eager + " " + graphs);
+    EXPECT_EQ(close.exit_code, 0) << strategy << "\n" << close.output;
+  }
+  const auto refused = at_two(scratch_dir("MultiGpuGraphs_refused"), "ddp", 1, true);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("cuda_graphs: expected false with strategy 'ddp' at world size 2"), std::string::npos)
+      << refused.output;
 }
 
 // TRAINER_FAULT_INJECT=checkpoint-write makes every rank die while writing
