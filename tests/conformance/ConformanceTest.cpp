@@ -227,6 +227,21 @@ TEST(ConformanceReproducible, OneGradientAtEverySplitAndCopiesFail) {
       << result.output;
 }
 
+// A strategy that declares its fast-mode micro-steps replayable from a CUDA
+// graph (Strategy::replayable_micro_step) while its gradients move to fresh
+// buffers each micro-step fails the kit naming the rule, though its sums
+// are right; ddp and zero1, which declare it too, pass the kit's rows above
+// (every Conformance.MatchesTheFp64Reference row runs the same check).
+TEST(ConformanceNegativeControl, ReplayableMicroStepsWhoseGradientsMoveFail) {
+  const std::string plugin = std::string(TRAINER_FIXTURE_DIR) + "/strategies/trainer-strategy-moving-gradients.so";
+  const auto result = trainer("check-plugin " + plugin + " --split 2,4,1");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("strategy 'moving-gradients': declares micro-step 0 replayable (replayable_micro_step) "
+                               "but a parameter's or its gradient's memory moved"),
+            std::string::npos)
+      << result.output;
+}
+
 // Slices that break the rule checkpoints and the final weights are built by
 // (together the ranks' slices cover every element) fail the kit at world
 // size > 1 with the rule named, and a run stops at setup instead of at its

@@ -31,7 +31,8 @@ void check_gradient(const KitRun& run, const Reference& reference, const Fixture
   strategy->setup(*model, run.comm, StrategyEnv{run.device, &run.optimizer});
   // What checkpoints and the final weights need of the slices' layout.
   check_state_coverage(*strategy, *model, run.comm, run.device, run.plugin.descriptor->name);
-  const double norm = strategy_step(*strategy, *model, first, run.split, run.world.rank, run.device);
+  const double norm =
+      strategy_step(*strategy, *model, first, run.split, run.world.rank, run.device, run.plugin.descriptor->name);
   // fp32 gradients of sums of ~100 token losses: relative rounding ~1e-7,
   // amplified at most tenfold by the network's depth; 1e-5 leaves margin
   // while any contract violation on this fixture costs > 1e-2.
@@ -138,7 +139,8 @@ Trained train_steps(const KitRun& run, const LoadedPlugin& which, double max_nor
   t.strategy->setup(*t.model, run.comm, StrategyEnv{run.device, &run.optimizer});
   for (int step = 0; step < kSteps; ++step) {
     const Fixture f = fixture(step);
-    const double norm = strategy_step(*t.strategy, *t.model, f, run.split, run.world.rank, run.device);
+    const double norm =
+        strategy_step(*t.strategy, *t.model, f, run.split, run.world.rank, run.device, run.plugin.descriptor->name);
     t.strategy->apply_update(UpdateArgs{kLr, clip_coefficient(norm, max_norm), step + 1});
     if (!ref) continue;
     const double ref_norm = ref->gradient(f);
@@ -247,7 +249,7 @@ void check_checkpoints(const KitRun& run, const Trained& trained, const std::str
     const Fixture next = fixture(kSteps);
     for (auto [s, m] : {std::pair<Strategy*, Model*>{trained.strategy.get(), trained.model.get()},
                         std::pair<Strategy*, Model*>{strategy.get(), model.get()}}) {
-      strategy_step(*s, *m, next, run.split, run.world.rank, run.device);
+      strategy_step(*s, *m, next, run.split, run.world.rank, run.device, run.plugin.descriptor->name);
       s->apply_update(UpdateArgs{kLr, 1.0, kSteps + 1});
     }
     const std::vector<FlatSlice> a = trained.strategy->parameter_slices(), b = strategy->parameter_slices();

@@ -111,8 +111,11 @@ std::vector<FlatSlice> minus(const std::vector<FlatSlice>& a, const std::vector<
 bool holds_checkpoint(Strategy& strategy, const std::string& dir, const std::vector<std::string>& state_names);
 
 /// One optimizer step of the strategy on this rank's part of the fixture;
-/// returns the norm it reports.
+/// returns the norm it reports. A micro-step the strategy declares
+/// replayable (Strategy::replayable_micro_step) must leave every parameter
+/// and bound gradient where it found them: else a TrainingError naming
+/// `name`, the strategy.
 double strategy_step(Strategy& strategy, Model& model, const Fixture& f, const Split& split, int rank,
-                     torch::Device device);
+                     torch::Device device, const std::string& name);
 
 }  // namespace trainer::kit
