@@ -177,8 +177,8 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
       recipe.training.fail(
           "cuda_graphs",
           fmt::format("false with strategy '{}'{}: none of its micro-steps can be replayed from a CUDA graph "
-                      "(Strategy::replayable_micro_step; ddp and zero1 replay every micro-step but a last one that "
-                      "starts all-reduces, so at world size > 1 they need accumulation steps)",
+                      "(Strategy::replayable_micro_step; zero1 replays every micro-step, ddp every one but a last "
+                      "one that starts all-reduces, so at world size > 1 it needs accumulation steps)",
                       run.strategy_name,
                       world.world_size > 1 ? fmt::format(" at world size {}", world.world_size) : std::string()));
     }
