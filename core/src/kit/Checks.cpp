@@ -73,18 +73,9 @@ void check_exact_gradients_untouched(Strategy& strategy, Model& model, const Fix
 // replayable (Strategy::replayable_atoms): a CUDA graph's replay reads the
 // addresses its capture saw, so they must hold memory and never move.
 std::vector<const void*> replayable_addresses(Strategy& strategy, Model& model, const KitRun& run) {
-  std::vector<const void*> where;
-  if (!strategy.replayable_atoms()) return where;
-  for (const NamedParameter& p : model.parameters()) {
-    if (p.tensor.numel() > 0 && p.tensor.storage().nbytes() == 0) {
-      throw TrainingError(
-          fmt::format("strategy '{}': declares replayable_atoms() but parameter '{}' holds no memory between "
-                      "atoms; a CUDA graph's replay would read an address it no longer owns (trainer/Strategy.h)",
-                      run.plugin.descriptor->name, p.name));
-    }
-    where.push_back(p.tensor.data_ptr());
-  }
-  return where;
+  if (!strategy.replayable_atoms()) return {};
+  return replay_addresses(model, run.plugin.descriptor->name, "replayable_atoms()", "between atoms",
+                          /*gradients=*/false);
 }
 
 }  // namespace

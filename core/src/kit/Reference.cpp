@@ -114,31 +114,23 @@ bool holds_checkpoint(Strategy& strategy, const std::string& dir, const std::vec
   return true;
 }
 
-// One optimizer step of the strategy on this rank's part of the fixture.
-namespace {
-
-// Where each parameter and its gradient (if bound) keep their memory: a
-// micro-step the strategy declares replayable (Strategy::replayable_micro_step)
-// is captured once in a CUDA graph, whose replays read and add into the
-// addresses the capture saw, so they must hold memory and not move.
-std::vector<const void*> micro_step_addresses(Model& model, const std::string& name, int64_t m) {
+std::vector<const void*> replay_addresses(Model& model, const std::string& name, const std::string& claim,
+                                          const std::string& when, bool gradients) {
   std::vector<const void*> where;
   for (const NamedParameter& p : model.parameters()) {
     if (p.tensor.numel() > 0 && p.tensor.storage().nbytes() == 0) {
       throw TrainingError(
-          fmt::format("strategy '{}': declares micro-step {} replayable (replayable_micro_step) but "
-                      "parameter '{}' holds no memory there; a CUDA graph's replay would read an "
-                      "address it no longer owns (trainer/Strategy.h)",
-                      name, m, p.name));
+          fmt::format("strategy '{}': declares {} but parameter '{}' holds no memory {}; a CUDA "
+                      "graph's replay would read an address it no longer owns (trainer/Strategy.h)",
+                      name, claim, p.name, when));
     }
     where.push_back(p.tensor.data_ptr());
-    where.push_back(p.tensor.grad().defined() ? p.tensor.grad().data_ptr() : nullptr);
+    if (gradients) where.push_back(p.tensor.grad().defined() ? p.tensor.grad().data_ptr() : nullptr);
   }
   return where;
 }
 
-}  // namespace
-
+// One optimizer step of the strategy on this rank's part of the fixture.
 double strategy_step(Strategy& strategy, Model& model, const Fixture& f, const Split& split, int rank,
                      torch::Device device, const std::string& name) {
   const BatchShape shape{split.micro, split.accum, split.world};
@@ -146,17 +138,20 @@ double strategy_step(Strategy& strategy, Model& model, const Fixture& f, const S
   for (int64_t i = 0; i < kGlobalBatch; ++i) all[i] = i;
   for (int64_t m = 0; m < split.accum; ++m) {
     const MicroStep micro{m, m == split.accum - 1, split.accum, f.target_tokens};
+    // A micro-step the strategy declares replayable is captured once in a
+    // CUDA graph, whose replays read and add into the addresses its capture
+    // saw: its parameters and bound gradients must stay where they are.
     const bool replayable = strategy.replayable_micro_step(micro);
-    const std::vector<const void*> before =
-        replayable ? micro_step_addresses(model, name, m) : std::vector<const void*>{};
+    const std::string claim = fmt::format("micro-step {} replayable (replayable_micro_step)", m);
+    const auto addresses = [&] { return replay_addresses(model, name, claim, "there", /*gradients=*/true); };
+    const std::vector<const void*> before = replayable ? addresses() : std::vector<const void*>{};
     const LossSum out = strategy.forward(model, rows(f, local_micro_batch(all, shape, rank, m), device));
     strategy.backward(out.loss_sum / static_cast<double>(f.target_tokens), micro);
-    if (replayable && micro_step_addresses(model, name, m) != before) {
+    if (replayable && addresses() != before) {
       throw TrainingError(fmt::format(
-          "strategy '{}': declares micro-step {} replayable (replayable_micro_step) but a parameter's or its "
-          "gradient's memory moved during its forward and backward; a CUDA graph's replay reads and adds into the "
-          "addresses its capture saw (trainer/Strategy.h)",
-          name, m));
+          "strategy '{}': declares {} but a parameter's or its gradient's memory moved during its forward and "
+          "backward; a CUDA graph's replay reads and adds into the addresses its capture saw (trainer/Strategy.h)",
+          name, claim));
     }
   }
   return strategy.reduce_gradients_and_norm();

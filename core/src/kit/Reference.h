@@ -110,6 +110,13 @@ std::vector<FlatSlice> minus(const std::vector<FlatSlice>& a, const std::vector<
 /// ranges of the checkpoint in `dir` (`state_names`: the optimizer's).
 bool holds_checkpoint(Strategy& strategy, const std::string& dir, const std::vector<std::string>& state_names);
 
+/// Where each parameter keeps its memory (with `gradients`, also its bound
+/// gradient's, or null), for a strategy that declared `claim` (work a CUDA
+/// graph may replay, whose replays read the addresses its capture saw); a
+/// parameter holding no memory `when` is a TrainingError naming `name`.
+std::vector<const void*> replay_addresses(Model& model, const std::string& name, const std::string& claim,
+                                          const std::string& when, bool gradients);
+
 /// One optimizer step of the strategy on this rank's part of the fixture;
 /// returns the norm it reports. A micro-step the strategy declares
 /// replayable (Strategy::replayable_micro_step) must leave every parameter
