@@ -200,4 +200,7 @@ using testing::write_file;
 /// configs/quickstart.toml, for the integration tests that vary it.
 inline const std::string& kQuickstart = testing::quickstart_recipe();
 
+/// The built-in strategies, ddp first (the reference the others are held to).
+inline const std::vector<std::string> kStrategies = {"ddp", "zero1", "zero2", "zero3"};
+
 }  // namespace trainer

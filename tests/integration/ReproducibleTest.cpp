@@ -15,7 +15,6 @@ struct Split {
   std::string text() const { return std::to_string(micro) + "x" + std::to_string(accum) + "x" + std::to_string(world); }
 };
 const Split kSplits[] = {{8, 1, 1}, {2, 4, 1}, {1, 8, 1}, {4, 1, 2}, {2, 2, 2}, {1, 2, 4}};
-const char* const kStrategies[] = {"ddp", "zero1", "zero2", "zero3"};
 
 std::string split_args(const std::string& strategy, const Split& split) {
   return " --set training.reproducible=true --set strategy.name=" + strategy +
@@ -36,7 +35,7 @@ void expect_one_result(const std::string& name, const std::string& recipe, const
                        bool hybrid = false) {
   std::vector<std::string> dirs;
   std::vector<std::pair<std::string, std::string>> runs;  // (name, arguments)
-  for (const char* strategy : kStrategies) {
+  for (const std::string& strategy : kStrategies) {
     for (const Split& split : kSplits) runs.emplace_back(strategy + ("_" + split.text()), split_args(strategy, split));
   }
   for (const char* strategy : {"zero1", "zero2", "zero3"}) {

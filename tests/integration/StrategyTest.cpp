@@ -12,8 +12,6 @@
 namespace trainer {
 namespace {
 
-const std::vector<std::string> kStrategies = {"ddp", "zero1", "zero2", "zero3"};
-
 std::string run(const std::string& name, const std::string& recipe, const std::string& overrides) {
   const std::string dir = scratch_dir(name);
   const auto result = trainer("run " + source_path(recipe) + " --set run.output_dir=" + dir + " " + overrides);

@@ -25,7 +25,6 @@ namespace trainer {
 namespace {
 
 using VT = ValueType;
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 const char* kPluginSections[] = {"model", "dataset", "strategy", "logger"};
 
@@ -84,9 +83,10 @@ std::string expected_text(const KeySpec& spec) {
     case VT::Int:
     case VT::Float: {
       const char* what = spec.type == VT::Int ? "an integer" : "a finite number";
-      if (spec.min == -kInf && spec.max == kInf) return what;
-      if (spec.max == kInf) return fmt::format("{} >= {}", what, spec.min);
-      if (spec.min == -kInf) return fmt::format("{} <= {}", what, spec.max);
+      // An unbounded side is infinite (Options.h's defaults).
+      if (std::isinf(spec.min) && std::isinf(spec.max)) return what;
+      if (std::isinf(spec.max)) return fmt::format("{} >= {}", what, spec.min);
+      if (std::isinf(spec.min)) return fmt::format("{} <= {}", what, spec.max);
       return fmt::format("{} in [{}, {}]", what, spec.min, spec.max);
     }
   }
