@@ -78,16 +78,7 @@ cd build-asan
 # plugin-directory run (57 + 61 + 51 s; the kit's code runs here in every
 # positive conformance test). And the bad-recipe table through the CLI (95
 # s, a sanitized process start for each of its recipes; the same parsing
-# and checks run here in-process in Recipe.*, and under the fuzzer). Since
-# a landing's CI of 3,820 s (2026-12-05, over the hour), also these five,
-# ~250 s of sanitized test time on two cores, each with a sibling that runs
-# its code here: two ranks against one process (79 s; the two-rank runs of
-# SeveralRanks.* and Checkpoint.*), the tokenizer's refusal to replace its
-# inputs (53 s; Cli.TokenizeWritesTheTokensFile* and the tokenizer
-# fuzzers), the fine-tune config on a Hugging Face directory (52 s;
-# Datasets.Jsonl* and HostileInput.HuggingFace*), the Llama export (35 s;
-# Weights.ExportLoadsBack*) and a stop signal during the final write (34
-# s; SeveralRanks.SlowFinalWrite*).
+# and checks run here in-process in Recipe.*, and under the fuzzer).
 skip='Reproducible\..*ForEverySplitAndStrategy|Strategies\.AllStrategiesAndSplitsOfOneGlobalBatchAgree'
 skip="$skip|Faults\.ChaosKillsAndResumesEndBitIdentical|Sdk\.NewPluginProjectsBuildAndPassTheirTests"
 skip="$skip|Distributed\.CommunicationLatencyChangesNoBits|Checkpoint\.ResumesUnderAnotherStrategyAndWorldSize"
@@ -102,7 +93,4 @@ skip="$skip|Strategies\.WorldSizeOneIsBitIdenticalToDdp"
 skip="$skip|ConformanceNegativeControl\.BrokenAccumulatorsFail|ConformanceOptimizers\.BrokenOptimizersFail"
 skip="$skip|ConformanceThirdParty\.StrategiesFoundThroughPluginDirAreCheckedAtEveryWorldSize"
 skip="$skip|Cli\.BadRecipesExitWithTwoAndNameTheProblem"
-skip="$skip|Distributed\.TwoRanksTrainLikeOneProcess|Cli\.TokenizeNeverReplacesItsInputsOrLeavesHalfAPair"
-skip="$skip|Datasets\.FineTuneConfigTrainsAHuggingFaceDirectoryOnText|Weights\.LlamaExportsAndLoadsBackAsLlamaForCausalLM"
-skip="$skip|SeveralRanks\.StopSignalDuringTheFinalWriteLetsItFinish"
 ctest --output-on-failure -j "${TRAINER_TEST_JOBS:-2}" -LE gpu -E "$skip" "$@"
