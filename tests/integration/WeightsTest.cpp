@@ -15,7 +15,7 @@
 namespace trainer {
 namespace {
 
-std::string run(const std::string& name, const std::string& overrides) {
+std::string train_quickstart(const std::string& name, const std::string& overrides) {
   const std::string dir = scratch_dir(name);
   const auto result =
       trainer("run " + kQuickstart + " --set run.output_dir=" + dir + " --set training.steps=5 " + overrides);
@@ -24,9 +24,9 @@ std::string run(const std::string& name, const std::string& overrides) {
 }
 
 TEST(Weights, ConsolidatedWeightsAgreeAcrossStrategiesAndWorldSizes) {
-  const std::string ddp = run("WeightsDdp", "");
+  const std::string ddp = train_quickstart("WeightsDdp", "");
   const std::string zero3 =
-      run("WeightsZero3", "--set strategy.name=zero3 --set training.micro_batch_size=4 --nproc 2");
+      train_quickstart("WeightsZero3", "--set strategy.name=zero3 --set training.micro_batch_size=4 --nproc 2");
   const SafetensorsReader a(ddp + "/model.safetensors"), b(zero3 + "/model.safetensors");
   ASSERT_EQ(a.names(), b.names());
   ASSERT_EQ(a.names().size(), 1 + 2 * 12 + 2u);  // embedding, 2 blocks of 12, final norm, lm_head
@@ -43,7 +43,7 @@ TEST(Weights, ConsolidatedWeightsAgreeAcrossStrategiesAndWorldSizes) {
 }
 
 TEST(Weights, ExportLoadsBackAsAHuggingFaceDirectory) {
-  const std::string trained = run("WeightsTrained", "");
+  const std::string trained = train_quickstart("WeightsTrained", "");
   const std::string hf = scratch_dir("WeightsHf");
   ASSERT_EQ(trainer("export " + trained + " --to " + hf).exit_code, 0);
   EXPECT_NE(read_file(hf + "/config.json").find("\"model_type\": \"qwen2\""), std::string::npos);
@@ -69,7 +69,7 @@ TEST(Weights, LlamaExportsAndLoadsBackAsLlamaForCausalLM) {
   const std::string llama =
       "--set model.attention_bias=false --set model.rope_scaling=llama3"
       " --set model.rope_original_max_position_embeddings=16";
-  const std::string trained = run("WeightsLlama", llama);
+  const std::string trained = train_quickstart("WeightsLlama", llama);
   const SafetensorsReader weights(trained + "/model.safetensors");
   ASSERT_EQ(weights.names().size(), 1 + 2 * 9 + 2u);  // embedding, 2 blocks of 9 (no q/k/v bias), final norm, lm_head
   for (const std::string& name : weights.names()) EXPECT_EQ(name.find("bias"), std::string::npos) << name;
@@ -120,7 +120,7 @@ TEST(Weights, LlamaExportsAndLoadsBackAsLlamaForCausalLM) {
 }
 
 TEST(Weights, LoadsAShardedCheckpointThroughItsIndex) {
-  const std::string trained = run("WeightsShardSource", "");
+  const std::string trained = train_quickstart("WeightsShardSource", "");
   const std::string hf = scratch_dir("WeightsSharded");
   ASSERT_EQ(trainer("export " + trained + " --to " + hf).exit_code, 0);
   const SafetensorsReader whole(hf + "/model.safetensors");
@@ -149,7 +149,7 @@ TEST(Weights, LoadsAShardedCheckpointThroughItsIndex) {
 }
 
 TEST(Weights, BadWeightFilesAreNamed) {
-  const std::string trained = run("WeightsBadSource", "");
+  const std::string trained = train_quickstart("WeightsBadSource", "");
   const std::string hf = scratch_dir("WeightsBad");
   ASSERT_EQ(trainer("export " + trained + " --to " + hf).exit_code, 0);
   auto mismatch = trainer("run " + kQuickstart + " --set model.hf_dir=" + hf + " --set model.hidden_size=32");
