@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "ops/Dispatch.h"
-#include "reproducible/AtomRunner.h"
+#include "run/ForwardBackward.h"
 #include "run/DeviceStats.h"
 
 namespace trainer {

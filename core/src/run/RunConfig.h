@@ -58,7 +58,7 @@ struct RunConfig {
   bool fp8_rowwise = false;                      ///< training.fp8_scaling = "rowwise"
   bool reproducible = false;
   int64_t reproducible_atom = 1;  ///< samples per forward and backward in reproducible mode
-  bool cuda_graphs = false;       ///< training.cuda_graphs: reproducible mode's atoms replayed from CUDA graphs
+  bool cuda_graphs = false;       ///< training.cuda_graphs: forward and backward passes replayed from CUDA graphs
   UpdateRule update;
   CheckpointPolicy checkpoint;
   ProfilePolicy profile;

@@ -165,7 +165,7 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
                            "false with a dataset that packs documents (each atom's documents lie elsewhere, which "
                            "one graph cannot replay)");
     }
-    run.atoms = std::make_unique<AtomRunner>(run.device, config.cuda_graphs);
+    run.passes = std::make_unique<ForwardBackwardRunner>(run.device, config.cuda_graphs);
     if (config.cuda_graphs) {
       log::info("training.cuda_graphs: each atom shape runs once, is captured the second time and replayed after");
     }
@@ -187,7 +187,7 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
                            "false with a dataset that packs documents (each micro-batch's documents lie elsewhere, "
                            "which one graph cannot replay)");
     }
-    run.atoms = std::make_unique<AtomRunner>(run.device, /*graphs=*/true);
+    run.passes = std::make_unique<ForwardBackwardRunner>(run.device, /*graphs=*/true);
     log::info(
         fmt::format("training.cuda_graphs: each micro-batch shape runs once, is captured the second time and "
                     "replayed after ({})",

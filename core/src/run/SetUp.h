@@ -14,9 +14,9 @@
 #include "distributed/Launcher.h"
 #include "plugin/PluginRegistry.h"
 #include "recipe/Recipe.h"
-#include "reproducible/AtomRunner.h"
 #include "reproducible/ExactGradients.h"
 #include "reproducible/ReproducibleMode.h"
+#include "run/ForwardBackward.h"
 #include "run/RunConfig.h"
 #include "run/RunLock.h"
 #include "trainer/Dataset.h"
@@ -30,7 +30,7 @@ namespace trainer {
 // What a run builds before its first step and keeps until its last.
 struct RunParts {
   // First, so that it goes last: with training.cuda_graphs everything the
-  // run makes and launches is on this stream (AtomRunner.h).
+  // run makes and launches is on this stream (ForwardBackward.h).
   std::unique_ptr<CaptureStream> capture_stream;
   Context context;
   torch::Device device = torch::kCPU;
@@ -53,7 +53,8 @@ struct RunParts {
   // Reproducible mode only; declared last, so the hooks go before the model.
   std::unique_ptr<ReproducibleSettings> reproducible;
   std::unique_ptr<ExactGradients> exact;
-  std::unique_ptr<AtomRunner> atoms;
+  // Reproducible mode, and the fast mode with training.cuda_graphs.
+  std::unique_ptr<ForwardBackwardRunner> passes;
 };
 
 /// Set-up: the output and checkpoint directories (created and locked by

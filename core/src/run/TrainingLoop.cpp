@@ -151,7 +151,7 @@ void reproducible_reduction(RunParts& run, const std::vector<MicroBatch>& atoms,
   const int64_t first = comm.rank() * count;  // rank r trains the global atoms [r count, (r + 1) count)
   torch::Tensor losses = torch::zeros({run.config->shape.global_batch_size() / run.config->reproducible_atom},
                                       torch::TensorOptions().dtype(torch::kFloat64).device(run.device));
-  AtomRunner& runner = *run.atoms;
+  ForwardBackwardRunner& runner = *run.passes;
   runner.begin_step(target_tokens);
   const int passes = run_exact_passes(exact, strategy, comm, count, [&](int64_t k) {
     // With training.cuda_graphs this may run once per atom shape and be replayed for the others.
@@ -225,9 +225,9 @@ StepOutcome optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const Upd
   } else {
     torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(run.device));
     // With training.cuda_graphs the micro-steps the strategy calls
-    // replayable run from a CUDA graph (AtomRunner), 1 / N_t read from the
+    // replayable run from a CUDA graph (ForwardBackwardRunner), 1 / N_t read from the
     // device: the same bits as dividing by N_t here.
-    AtomRunner* runner = run.atoms.get();
+    ForwardBackwardRunner* runner = run.passes.get();
     if (runner != nullptr) runner->begin_step(target_tokens);
     for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
       const MicroStep micro{m, m == shape.grad_accum_steps - 1, shape.grad_accum_steps, target_tokens};
@@ -456,8 +456,8 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
     throw;
   }
   if (config.cuda_graphs) {
-    log::info(fmt::format("training.cuda_graphs: {} {} replayed from {} graphs", run.atoms->replays(),
-                          run.exact ? "atoms" : "micro-steps", run.atoms->captures()));
+    log::info(fmt::format("training.cuda_graphs: {} {} replayed from {} graphs", run.passes->replays(),
+                          run.exact ? "atoms" : "micro-steps", run.passes->captures()));
   }
   write_memory_report(*run.strategy, *run.comm, run.device, out / "memory.json", run.writer,
                       {run.measured_setup_bytes, run.measured_after_step_bytes, run.measured_step_peak_bytes});

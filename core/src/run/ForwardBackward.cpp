@@ -1,5 +1,5 @@
-// Reproducible mode's atoms and the fast mode's micro-steps on the device (see AtomRunner.h).
-#include "reproducible/AtomRunner.h"
+// Reproducible mode's atoms and the fast mode's micro-steps on the device (see ForwardBackward.h).
+#include "run/ForwardBackward.h"
 
 #include <stdexcept>
 #include <type_traits>
@@ -52,11 +52,11 @@ CaptureStream::~CaptureStream() {
   c10::cuda::setCurrentCUDAStream(state_->previous);
 }
 
-struct AtomRunner::Graph {
+struct ForwardBackwardRunner::Graph {
   at::cuda::CUDAGraph graph;
   Batch inputs;                // what the graph reads: the batch is copied in before each replay
   torch::Tensor loss;          // what it writes
-  std::vector<int64_t> calls;  // the hooks' contributions per parameter in one atom
+  std::vector<int64_t> calls;  // the hooks' contributions per parameter in one pass
 };
 
 #else
@@ -69,13 +69,13 @@ CaptureStream::CaptureStream(torch::Device device) {
 }
 CaptureStream::~CaptureStream() = default;
 
-struct AtomRunner::Graph {};
+struct ForwardBackwardRunner::Graph {};
 
 #endif
 
-AtomRunner::AtomRunner(torch::Device device, bool graphs) : device_(device), graphs_(graphs) {
+ForwardBackwardRunner::ForwardBackwardRunner(torch::Device device, bool graphs) : device_(device), graphs_(graphs) {
   if (graphs_ && (!device.is_cuda() || !cuda_graphs_available())) {
-    throw std::logic_error("AtomRunner: CUDA graphs need a CUDA device and a CUDA build");
+    throw std::logic_error("ForwardBackwardRunner: CUDA graphs need a CUDA device and a CUDA build");
   }
   if (device.is_cuda()) {
     reciprocal_f32_ = torch::zeros({}, torch::TensorOptions().device(device).dtype(torch::kFloat32));
@@ -83,9 +83,9 @@ AtomRunner::AtomRunner(torch::Device device, bool graphs) : device_(device), gra
   }
 }
 
-AtomRunner::~AtomRunner() = default;
+ForwardBackwardRunner::~ForwardBackwardRunner() = default;
 
-void AtomRunner::begin_step(int64_t target_tokens) {
+void ForwardBackwardRunner::begin_step(int64_t target_tokens) {
   target_tokens_ = target_tokens;
   if (!device_.is_cuda()) return;
   // The reciprocal rounded once in each dtype, as LibTorch's CUDA division
@@ -95,18 +95,18 @@ void AtomRunner::begin_step(int64_t target_tokens) {
   reciprocal_f64_.fill_(1.0 / static_cast<double>(target_tokens));
 }
 
-torch::Tensor AtomRunner::scaled(const torch::Tensor& loss_sum) const {
+torch::Tensor ForwardBackwardRunner::scaled(const torch::Tensor& loss_sum) const {
   if (!device_.is_cuda()) return loss_sum / static_cast<double>(target_tokens_);
   return loss_sum * (loss_sum.scalar_type() == torch::kFloat64 ? reciprocal_f64_ : reciprocal_f32_);
 }
 
-torch::Tensor AtomRunner::run(const Batch& batch, ExactGradients* exact, const Atom& atom) {
-  if (!graphs_ || batch.position_ids.defined()) return atom(batch);
+torch::Tensor ForwardBackwardRunner::run(const Batch& batch, ExactGradients* exact, const Pass& pass) {
+  if (!graphs_ || batch.position_ids.defined()) return pass(batch);
 #ifdef TRAINER_CUDA_KERNELS
   const Key key{batch.input_ids.sizes().vec(), batch.labels.sizes().vec(), batch.target_tokens};
   auto found = captured_.find(key);
   if (found == captured_.end()) {
-    // The first atom of a shape runs eagerly; so do shapes past the bound.
+    // The first pass of a shape runs eagerly; so do shapes past the bound.
     const int64_t seen = ++seen_[key];
     const bool full = captured_.size() >= kMaxGraphs;
     if (seen == 1 || full) {
@@ -116,9 +116,9 @@ torch::Tensor AtomRunner::run(const Batch& batch, ExactGradients* exact, const A
                         "run without a graph",
                         kMaxGraphs, exact != nullptr ? "atoms" : "micro-steps", batch.target_tokens));
       }
-      return atom(batch);
+      return pass(batch);
     }
-    found = captured_.emplace(key, capture(batch, exact, atom)).first;
+    found = captured_.emplace(key, capture(batch, exact, pass)).first;
   }
   Graph& graph = *found->second;
   graph.inputs.input_ids.copy_(batch.input_ids);
@@ -129,11 +129,12 @@ torch::Tensor AtomRunner::run(const Batch& batch, ExactGradients* exact, const A
   return graph.loss;
 #else
   (void)exact;
-  throw std::logic_error("AtomRunner: a build without CUDA");
+  throw std::logic_error("ForwardBackwardRunner: a build without CUDA");
 #endif
 }
 
-std::unique_ptr<AtomRunner::Graph> AtomRunner::capture(const Batch& batch, ExactGradients* exact, const Atom& atom) {
+std::unique_ptr<ForwardBackwardRunner::Graph> ForwardBackwardRunner::capture(const Batch& batch, ExactGradients* exact,
+                                                                             const Pass& pass) {
 #ifdef TRAINER_CUDA_KERNELS
   static_assert(std::is_same_v<decltype(pool_), at::cuda::MempoolId_t>);
   auto graph = std::make_unique<Graph>();
@@ -143,7 +144,7 @@ std::unique_ptr<AtomRunner::Graph> AtomRunner::capture(const Batch& batch, Exact
   const std::vector<int64_t> before = exact != nullptr ? exact->calls() : std::vector<int64_t>{};
   const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream();
   // Every graph allocates from one memory pool: replays run one at a time
-  // on this stream, and what an atom leaves (its loss) is read before the
+  // on this stream, and what a pass leaves (its loss) is read before the
   // next one runs.
   if (pool_ == decltype(pool_){0, 0}) {
     pool_ = at::cuda::graph_pool_handle();
@@ -161,7 +162,7 @@ std::unique_ptr<AtomRunner::Graph> AtomRunner::capture(const Batch& batch, Exact
     graph->graph.capture_begin(pool_);
 #endif
     began = true;
-    graph->loss = atom(graph->inputs);
+    graph->loss = pass(graph->inputs);
     graph->graph.capture_end();
   } catch (const std::exception& error) {
     // The capture is over either way: a stream left capturing fails every later call.
@@ -206,8 +207,8 @@ std::unique_ptr<AtomRunner::Graph> AtomRunner::capture(const Batch& batch, Exact
                         exact != nullptr ? "an atom" : "a micro-step", batch.target_tokens));
   return graph;
 #else
-  (void)batch, (void)exact, (void)atom;
-  throw std::logic_error("AtomRunner: a build without CUDA");
+  (void)batch, (void)exact, (void)pass;
+  throw std::logic_error("ForwardBackwardRunner: a build without CUDA");
 #endif
 }
 

@@ -1,6 +1,6 @@
-// Reproducible mode's atoms, and the fast mode's micro-steps, on the
-// device: the loss scaled by 1 / N_t, and with training.cuda_graphs each
-// atom's (micro-step's) forward and backward replayed from a CUDA graph.
+// One forward and backward pass on the device (an atom in reproducible
+// mode, a micro-step in the fast mode): the loss scaled by 1 / N_t, and with
+// training.cuda_graphs the pass replayed from a CUDA graph.
 // Every atom of a run has the same shape (reproducible_atom samples of
 // seq_len), as has every micro-batch of unpacked samples, so one capture
 // serves them all. Without graphs, atoms of 1 sample at the 0.5B bench
@@ -44,20 +44,20 @@ class CaptureStream {
   std::unique_ptr<State> state_;
 };
 
-class AtomRunner {
+class ForwardBackwardRunner {
  public:
-  /// An atom's forward and backward on `batch` (its loss already scaled,
-  /// with scaled()); returns the atom's loss sum, detached, shape {1}.
-  using Atom = std::function<torch::Tensor(const Batch& batch)>;
+  /// A forward and backward on `batch` (its loss already scaled, with
+  /// scaled()); returns the batch's loss sum, detached, shape {1}.
+  using Pass = std::function<torch::Tensor(const Batch& batch)>;
 
   /// `graphs`: capture and replay (training.cuda_graphs; CUDA only, under a
-  /// CaptureStream, with a strategy whose atoms are replayable).
-  AtomRunner(torch::Device device, bool graphs);
-  ~AtomRunner();
-  AtomRunner(const AtomRunner&) = delete;
-  AtomRunner& operator=(const AtomRunner&) = delete;
+  /// CaptureStream, with a strategy whose passes are replayable).
+  ForwardBackwardRunner(torch::Device device, bool graphs);
+  ~ForwardBackwardRunner();
+  ForwardBackwardRunner(const ForwardBackwardRunner&) = delete;
+  ForwardBackwardRunner& operator=(const ForwardBackwardRunner&) = delete;
 
-  /// This step's N_t, before its atoms.
+  /// This step's N_t, before its passes.
   void begin_step(int64_t target_tokens);
   /// loss_sum / N_t. On the CPU LibTorch's division by N_t. On CUDA the
   /// product with 1 / N_t held on the device (a replay reads this step's),
@@ -66,7 +66,7 @@ class AtomRunner {
   /// operands' precision), so the same bits, graphs or not.
   torch::Tensor scaled(const torch::Tensor& loss_sum) const;
 
-  /// Runs `atom` on `batch`. With graphs: eagerly the first time a batch of
+  /// Runs `pass` on `batch`. With graphs: eagerly the first time a batch of
   /// its shape and target count is seen (a warm-up outside any capture:
   /// lazily made state, cuBLAS workspaces, caches), captured the second
   /// time, replayed from then on, with the batch copied into the inputs the
@@ -75,9 +75,9 @@ class AtomRunner {
   /// strategies sum the gradients themselves). At most kMaxGraphs shapes are
   /// captured (all in one memory pool: replays run one at a time); others
   /// run eagerly. The result is valid until the next call.
-  torch::Tensor run(const Batch& batch, ExactGradients* exact, const Atom& atom);
+  torch::Tensor run(const Batch& batch, ExactGradients* exact, const Pass& pass);
 
-  /// Graphs captured and atoms replayed so far.
+  /// Graphs captured and passes replayed so far.
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
   static constexpr size_t kMaxGraphs = 32;
@@ -85,7 +85,7 @@ class AtomRunner {
  private:
   struct Graph;
   using Key = std::tuple<std::vector<int64_t>, std::vector<int64_t>, int64_t>;  // input, label shapes; targets
-  std::unique_ptr<Graph> capture(const Batch& batch, ExactGradients* exact, const Atom& atom);
+  std::unique_ptr<Graph> capture(const Batch& batch, ExactGradients* exact, const Pass& pass);
 
   torch::Device device_;
   bool graphs_;
