@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 
 #include "ops/Dispatch.h"
-#include "run/ForwardBackward.h"
 #include "run/DeviceStats.h"
+#include "run/ForwardBackward.h"
 
 namespace trainer {
 
