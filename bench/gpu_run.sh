@@ -3,7 +3,7 @@
 # ../shared/device/stage-deps.sh and bench/stage-gpu-libs.sh, carried with
 # .cache/tokenizers): configure and build into
 # build-gpu, then the stages named in $STAGES (default: all), logs under $OUT.
-#   tests   ctest -L gpu and -L unit
+#   tests   ctest -L gpu and -L unit      gpu   ctest -L gpu alone
 #   multigpu  ctest -L multigpu (a host with 8 GPUs; fails with fewer)
 #   hf      bench/hf_logits_check.py on CUDA
 #   b05     bench.py at the 0.5B shape     b3    bench.py at the 3B shape
@@ -18,15 +18,29 @@ out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out"
 stages=${STAGES:-tests hf b05 b3}
 torch_prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix;$PWD/.deps" \
-  >"$out/cmake.log" 2>&1 || { tail -40 "$out/cmake.log"; exit 1; }
-cmake --build build-gpu -j16 >"$out/build.log" 2>&1 || { grep -A12 -E "error|FAILED" "$out/build.log" | head -100; exit 1; }
-echo "built: $(grep -c warning "$out/build.log") warning lines"
+# UNITY=1 builds as scripts/build.sh does (batches of 8 sources); should a batch
+# fail, it says so and builds file by file.
+configure() {
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix;$PWD/.deps" \
+    -DCMAKE_UNITY_BUILD="$1" -DCMAKE_UNITY_BUILD_BATCH_SIZE=8 >"$out/cmake.log" 2>&1 || { tail -40 "$out/cmake.log"; exit 1; }
+}
+started=$SECONDS
+if [ "${UNITY:-0}" = 1 ]; then
+  configure ON
+  cmake --build build-gpu -j16 >"$out/build.log" 2>&1 ||
+    { echo "unity build failed:"; grep -A12 -E "error|FAILED" "$out/build.log" | head -60; configure OFF; }
+else
+  configure OFF
+fi
+cmake --build build-gpu -j16 >>"$out/build.log" 2>&1 || { grep -A12 -E "error|FAILED" "$out/build.log" | head -100; exit 1; }
+echo "built in $((SECONDS - started)) s (UNITY=${UNITY:-0}): $(grep -c warning "$out/build.log") warning lines"
 status=0
 for stage in $stages; do
   case $stage in
     tests) (cd build-gpu && ctest -L '^(gpu|unit)$' --output-on-failure) >"$out/ctest.log" 2>&1 || status=1
            grep -E "tests passed|Failed|FAILED|\*\*\*" "$out/ctest.log" | head -30 ;;
+    gpu) (cd build-gpu && ctest -L '^gpu$' --output-on-failure) >"$out/ctest.log" 2>&1 || status=1
+         grep -E "tests passed|Failed|FAILED|\*\*\*" "$out/ctest.log" | head -30 ;;
     multigpu) (cd build-gpu && ctest -L '^multigpu$' --output-on-failure) >"$out/multigpu.log" 2>&1 || status=1
            grep -E "tests passed|Failed|FAILED|\*\*\*" "$out/multigpu.log" | head -30 ;;
     hf) python3 bench/hf_logits_check.py --trainer build-gpu/bin/trainer --device cuda 2>&1 | tail -4 || status=1 ;;
