@@ -57,7 +57,7 @@ TEST_P(Conformance, MatchesTheFp64Reference) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
-  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+  for (const std::string& strategy : kStrategies) {
     for (const char* split : {"8,1,1", "2,4,1", "1,8,1", "4,1,2", "2,2,2", "1,2,4"}) cases.push_back({strategy, split});
     // Hybrid sharding: world size 4 in shard groups of 2, and every rank a
     // replica (groups of 1).
@@ -74,10 +74,10 @@ INSTANTIATE_TEST_SUITE_P(Strategies, Conformance, ::testing::ValuesIn(all_cases(
 // what fp32 accumulation of the bf16 micro-gradients can err by (the bound's
 // derivation is in core/src/kit/Checks.cpp).
 TEST(ConformanceBf16, AccumulationStaysWithinTheFp32Bound) {
-  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
-    const std::string dir = scratch_dir(std::string("ConformanceBf16_") + strategy);
+  for (const std::string& strategy : kStrategies) {
+    const std::string dir = scratch_dir("ConformanceBf16_" + strategy);
     const auto result =
-        trainer(std::string("check-plugin ") + strategy + " --split 8,1,1 --bf16 --report " + dir + "/report.jsonl");
+        trainer("check-plugin " + strategy + " --split 8,1,1 --bf16 --report " + dir + "/report.jsonl");
     ASSERT_EQ(result.exit_code, 0) << result.output;
     const MetricsRow row = read_metrics(dir + "/report.jsonl").at(0);
     EXPECT_GE(row.at("bf16_error"), 0.0) << strategy;
@@ -328,9 +328,9 @@ TEST(ConformanceGpu, EveryStrategyOnCudaOverNcclMatchesTheReference) {
 #else
   GTEST_SKIP() << "a build without CUDA";
 #endif
-  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
-    const std::string dir = scratch_dir(std::string("ConformanceGpu_") + strategy);
-    const auto result = trainer(std::string("check-plugin ") + strategy +
+  for (const std::string& strategy : kStrategies) {
+    const std::string dir = scratch_dir("ConformanceGpu_" + strategy);
+    const auto result = trainer("check-plugin " + strategy +
                                 " --device cuda --backend nccl --backend-at-one-rank --split 8,1,1 --split 2,4,1 "
                                 "--split 1,8,1 --report " +
                                 dir + "/report.jsonl");

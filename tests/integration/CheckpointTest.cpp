@@ -30,9 +30,9 @@ void run_ok(const std::string& dir, const std::string& args) {
 }
 
 TEST(Checkpoint, ExactResumeForEveryStrategyAtWorldSizeTwo) {
-  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
-    const std::string straight = scratch_dir(std::string("CkStraight_") + strategy);
-    const std::string resumed = scratch_dir(std::string("CkResumed_") + strategy);
+  for (const std::string& strategy : kStrategies) {
+    const std::string straight = scratch_dir("CkStraight_" + strategy);
+    const std::string resumed = scratch_dir("CkResumed_" + strategy);
     run_ok(straight, "--set training.steps=8" + setup(strategy, 2));
     run_ok(resumed, "--set training.steps=4 --set checkpoint.interval=4" + setup(strategy, 2));
     run_ok(resumed, "--set training.steps=8 --set checkpoint.resume=auto" + setup(strategy, 2));

@@ -152,14 +152,14 @@ timeout_s = 20
 name = "ddp"
 )");
   std::map<std::string, std::string> dirs;
-  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
-    const std::string dir = scratch_dir(std::string("SkipLayer_") + strategy);
+  for (const std::string& strategy : kStrategies) {
+    const std::string dir = scratch_dir("SkipLayer_" + strategy);
     // A bucket per parameter (1 kB) for the stages that bucket: a skipped
     // layer's bucket sits between buckets both ranks fill.
-    const bool buckets = std::string(strategy) == "ddp" || std::string(strategy) == "zero2";
+    const bool buckets = strategy == "ddp" || strategy == "zero2";
     const auto result = trainer("run " + recipe + " --set strategy.name=" + strategy + " --set run.output_dir=" + dir +
                                 (buckets ? " --set strategy.bucket_mb=0.001" : ""));
-    if (std::string(strategy) == "zero3") {
+    if (strategy == "zero3") {
       EXPECT_EQ(result.exit_code, 1) << result.output;
       EXPECT_NE(result.output.find("zero3: this rank entered unit 'head' where unit 'second' comes next"),
                 std::string::npos)

@@ -45,8 +45,8 @@ std::set<std::string> devices_in(const std::string& log) {
 
 TEST(MultiGpu, EveryStrategyOnSeveralGpusTrainsLikeOne) {
   REQUIRE_GPUS(8);
-  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
-    const std::string one = scratch_dir(std::string("MultiGpu1_") + strategy);
+  for (const std::string& strategy : kStrategies) {
+    const std::string one = scratch_dir("MultiGpu1_" + strategy);
     const auto single = trainer(job(one, strategy, 1, 20, ""));
     ASSERT_EQ(single.exit_code, 0) << single.output;
     for (const int world : {2, 4, 8}) {
@@ -80,9 +80,9 @@ TEST(MultiGpu, HybridShardingOverNcclSubGroups) {
 
 TEST(MultiGpu, ConformanceKitAcrossRanks) {
   REQUIRE_GPUS(8);
-  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
-    const std::string dir = scratch_dir(std::string("MultiGpuKit_") + strategy);
-    const auto result = trainer(std::string("check-plugin ") + strategy +
+  for (const std::string& strategy : kStrategies) {
+    const std::string dir = scratch_dir("MultiGpuKit_" + strategy);
+    const auto result = trainer("check-plugin " + strategy +
                                 " --device cuda --backend nccl --split 4,1,2 --split 2,2,2 --split 1,2,4 "
                                 "--split 1,1,8 --report " +
                                 dir + "/report.jsonl");
