@@ -279,6 +279,60 @@ TEST(Strategies, ReproducibleModeKeepsOnlyTheGradientTheUpdateReads) {
   }
 }
 
+// ddp's overlap_update cuts the update by the model's units (on CUDA it
+// runs behind the next forward: tests/gpu): an element-wise optimizer gives
+// the same bits however its elements are cut, so the run is the ordered
+// one's: with accumulation, two ranks, bf16 compute and bf16 optimizer
+// state, Lion, and across a resume (the checkpoint reads the state the
+// update writes).
+TEST(Strategies, DdpOverlapUpdateTrainsTheBitsOfTheOrderedUpdate) {
+  const std::string base = "--set training.steps=6 --set training.micro_batch_size=4 --set training.grad_accum_steps=2";
+  const std::vector<std::pair<std::string, std::string>> variants = {
+      {"plain", ""},
+      {"ranks", " --nproc 2 --set training.micro_batch_size=2"},
+      {"bf16", " --set training.precision=bf16 --set optimizer.state_dtype=bf16"},
+      {"lion", " --set optimizer.name=lion --set optimizer.lr=3e-4"},
+  };
+  for (const auto& [name, extra] : variants) {
+    const std::string ordered = run("Ordered_" + name, "configs/quickstart.toml", base + extra);
+    const std::string overlapped =
+        run("Overlapped_" + name, "configs/quickstart.toml", base + extra + " --set strategy.overlap_update=true");
+    const auto reference = read_metrics(ordered + "/metrics.jsonl");
+    const auto rows = read_metrics(overlapped + "/metrics.jsonl");
+    ASSERT_EQ(rows.size(), 6u) << name;
+    EXPECT_EQ(column(rows, "loss"), column(reference, "loss")) << name;
+    EXPECT_EQ(column(rows, "grad_norm"), column(reference, "grad_norm")) << name;
+    EXPECT_EQ(read_file(overlapped + "/summary.json"), read_file(ordered + "/summary.json")) << name;
+  }
+  // Checkpointed at step 3 with the update overlapped, resumed to step 6.
+  const std::string straight = run("Ordered_plain_again", "configs/quickstart.toml", base);
+  const std::string dir = scratch_dir("Overlapped_resumed");
+  const std::string on = " --set strategy.overlap_update=true --set run.output_dir=" + dir;
+  const std::string recipe = "run " + source_path("configs/quickstart.toml") + " " + base;
+  const auto first = trainer(recipe + on + " --set training.steps=3 --set checkpoint.interval=3");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const auto second = trainer(recipe + on + " --set checkpoint.resume=auto");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_EQ(read_file(dir + "/summary.json"), read_file(straight + "/summary.json"));
+  EXPECT_EQ(column(read_metrics(dir + "/metrics.jsonl"), "loss"),
+            column(read_metrics(straight + "/metrics.jsonl"), "loss"));
+}
+
+// Where the cut cannot hold, the option is refused by name before training.
+TEST(Strategies, DdpOverlapUpdateIsRefusedWhereTheCutCannotHold) {
+  const std::string recipe = "run " + source_path("configs/quickstart.toml") +
+                             " --set training.steps=2 --set strategy.overlap_update=true --set run.output_dir=";
+  const auto muon = trainer(recipe + scratch_dir("OverlapMuon") + " --set optimizer.name=muon");
+  EXPECT_EQ(muon.exit_code, 2) << muon.output;
+  EXPECT_NE(muon.output.find("overlap_update: expected false with an optimizer that transforms whole matrices"),
+            std::string::npos)
+      << muon.output;
+  const auto exact = trainer(recipe + scratch_dir("OverlapExact") + " --set training.reproducible=true");
+  EXPECT_EQ(exact.exit_code, 2) << exact.output;
+  EXPECT_NE(exact.output.find("overlap_update: expected false with training.reproducible"), std::string::npos)
+      << exact.output;
+}
+
 TEST(Strategies, ZeroTwoHoldsAtMostTwoBucketsOfFullGradient) {
   const std::string overrides =
       "--set training.steps=3 --set training.micro_batch_size=2 --set training.grad_accum_steps=2"

@@ -20,7 +20,7 @@ namespace trainer {
 /// other field, so `abi_version` must stay the first member forever.
 /// core/include/trainer/abi-digest.txt records a digest of the SDK headers
 /// for each version; a test fails when the headers change and it does not.
-inline constexpr uint32_t kAbiVersion = 15;
+inline constexpr uint32_t kAbiVersion = 16;
 
 enum class PluginKind : uint32_t { Strategy = 0, Model = 1, Dataset = 2, Logger = 3, Comm = 4, Optimizer = 5 };
 

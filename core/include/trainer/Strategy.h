@@ -164,6 +164,14 @@ class Strategy : public Component {
     (void)micro;
     return false;
   }
+  /// Makes the current stream wait until the work apply_update launched has
+  /// ended. A strategy may return from apply_update with part of the update
+  /// still running on a stream of its own, ordered before each parameter's
+  /// next use (ddp's overlap_update); every other method it answers waits
+  /// for it first. The core marks a step's end on a stream that waits here,
+  /// so the step's time covers its update. Default: nothing (the update's
+  /// work is on the current stream).
+  virtual void wait_for_update() {}
 };
 
 }  // namespace trainer

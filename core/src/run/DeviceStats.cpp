@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -28,6 +29,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #endif
 
 namespace trainer {
@@ -265,8 +267,38 @@ struct StepClock::Mark {
 #endif
 };
 
-StepClock::StepClock(const torch::Device& device) : device_(device), origin_(mark()) {}
+struct StepClock::Side {
+#ifdef TRAINER_CUDA_KERNELS
+  std::optional<c10::cuda::CUDAStream> stream;
+#endif
+};
+
+StepClock::StepClock(const torch::Device& device) : device_(device), side_(std::make_unique<Side>()), origin_(mark()) {}
 StepClock::~StepClock() = default;
+
+std::shared_ptr<const StepClock::Mark> StepClock::mark_after(const std::function<void()>& join) const {
+#ifdef TRAINER_CUDA_KERNELS
+  if (device_.is_cuda()) {
+    if (!side_->stream) side_->stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index_of(device_));
+    at::cuda::CUDAEvent here;
+    here.record(at::cuda::getCurrentCUDAStream(index_of(device_)));
+    here.block(*side_->stream);
+    const c10::cuda::CUDAStreamGuard on_side(*side_->stream);
+    join();
+    return mark();
+  }
+#endif
+  join();
+  return mark();
+}
+
+double StepClock::step_seconds(const Mark* before_begin, const Mark* before_end, const Mark& begin, const Mark& end) {
+  if (before_begin == nullptr || before_end == nullptr) return seconds_between(begin, end);
+  // From the step before's begin, which precedes all three: no negative spans.
+  const double before_ends = seconds_between(*before_begin, *before_end);
+  const double begins = seconds_between(*before_begin, begin);
+  return seconds_between(*before_begin, end) - std::max(before_ends, begins);
+}
 
 std::shared_ptr<const StepClock::Mark> StepClock::mark() const {
   auto mark = std::make_shared<Mark>();

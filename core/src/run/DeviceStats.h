@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -60,13 +61,25 @@ class StepClock {
   StepClock& operator=(const StepClock&) = delete;
   /// Now on the device's timeline: after all the work launched so far.
   std::shared_ptr<const Mark> mark() const;
+  /// The same, and after whatever `join` makes the current stream wait for
+  /// (Strategy::wait_for_update): on CUDA, `join` runs with a stream of the
+  /// clock's own current, which first waits for the current one, so the
+  /// current stream itself waits for nothing more.
+  std::shared_ptr<const Mark> mark_after(const std::function<void()>& join) const;
   const Mark& origin() const { return *origin_; }
   /// Seconds from `from` to `to` (marked after it); waits until the device
   /// has reached `to`.
   static double seconds_between(const Mark& from, const Mark& to);
+  /// A step's seconds: from its begin, or from the end of the step before
+  /// where that came later (an update still running behind this step's first
+  /// kernels), to its end. `before_begin`/`before_end`: the step before's
+  /// marks, or null for the first step timed.
+  static double step_seconds(const Mark* before_begin, const Mark* before_end, const Mark& begin, const Mark& end);
 
  private:
+  struct Side;  // the stream mark_after records on (DeviceStats.cpp)
   torch::Device device_;
+  std::unique_ptr<Side> side_;
   std::shared_ptr<const Mark> origin_;
 };
 

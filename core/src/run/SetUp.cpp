@@ -7,6 +7,7 @@
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/cuda.h>
 
 #include "checkpoint/Checkpoint.h"
@@ -171,14 +172,18 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
     }
   } else if (config.cuda_graphs) {
     const int64_t steps = config.shape.grad_accum_steps;
-    const bool first = run.strategy->replayable_micro_step(MicroStep{0, steps == 1, steps, 0});
-    const bool last = run.strategy->replayable_micro_step(MicroStep{steps - 1, true, steps, 0});
-    if (!first && !last) {
+    std::vector<std::string> eager;  // the micro-steps of a step that run eagerly
+    for (int64_t k = 0; k < steps; ++k) {
+      if (run.strategy->replayable_micro_step(MicroStep{k, k == steps - 1, steps, 0})) continue;
+      eager.push_back(k == steps - 1 ? "last" : k == 0 ? "first" : fmt::format("#{}", k + 1));
+    }
+    if (static_cast<int64_t>(eager.size()) == steps) {
       recipe.training.fail(
           "cuda_graphs",
           fmt::format("false with strategy '{}'{}: none of its micro-steps can be replayed from a CUDA graph "
                       "(Strategy::replayable_micro_step; zero1 replays every micro-step, ddp every one but a last "
-                      "one that starts all-reduces, so at world size > 1 it needs accumulation steps)",
+                      "one that starts all-reduces, so at world size > 1 it needs accumulation steps, and with "
+                      "overlap_update every one but a step's first)",
                       run.strategy_name,
                       world.world_size > 1 ? fmt::format(" at world size {}", world.world_size) : std::string()));
     }
@@ -191,9 +196,8 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
     log::info(
         fmt::format("training.cuda_graphs: each micro-batch shape runs once, is captured the second time and "
                     "replayed after ({})",
-                    first && last ? "every micro-step"
-                    : first       ? "all but the last micro-step of a step"
-                                  : "the last micro-step of a step"));
+                    eager.empty() ? std::string("every micro-step")
+                                  : fmt::format("all but the {} micro-step of a step", fmt::join(eager, " and the "))));
   }
   return run;
 }

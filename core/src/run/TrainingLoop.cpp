@@ -321,13 +321,16 @@ class PendingRecord {
   void hold(const StepOutcome& outcome, const MemoryPeaks& peaks, std::shared_ptr<const StepClock::Mark> begin,
             std::shared_ptr<const StepClock::Mark> end) {
     flush();
-    held_ = Held{outcome, peaks, std::move(begin), std::move(end)};
+    held_ = Held{outcome, peaks, std::move(begin), std::move(end), before_begin_, before_end_};
+    before_begin_ = held_->begin;
+    before_end_ = held_->end;
   }
   void flush() {
     if (!held_) return;
-    const StepRecord record =
-        step_record(held_->outcome, StepClock::seconds_between(*held_->begin, *held_->end),
-                    StepClock::seconds_between(clock_.origin(), *held_->end), info_, held_->peaks);
+    const double seconds =
+        StepClock::step_seconds(held_->before_begin.get(), held_->before_end.get(), *held_->begin, *held_->end);
+    const StepRecord record = step_record(
+        held_->outcome, seconds, StepClock::seconds_between(clock_.origin(), *held_->end), info_, held_->peaks);
     held_.reset();  // before the loggers: a logger that fails does not get the record twice
     loggers_.log(record);
   }
@@ -347,11 +350,13 @@ class PendingRecord {
     StepOutcome outcome;
     MemoryPeaks peaks;
     std::shared_ptr<const StepClock::Mark> begin, end;
+    std::shared_ptr<const StepClock::Mark> before_begin, before_end;  // the step before's, null for the first
   };
   LoggerSet& loggers_;
   const StepClock& clock_;
   const RunInfo& info_;
   std::optional<Held> held_;
+  std::shared_ptr<const StepClock::Mark> before_begin_, before_end_;  // the last step held
 };
 
 }  // namespace
@@ -427,7 +432,9 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
       std::shared_ptr<const StepClock::Mark> begin = clock.mark();
       const StepOutcome outcome = optimizer_step(run, sampler, config.update, step, applied_updates);
       record.flush();  // the previous step's: the device has passed its end
-      record.hold(outcome, memory_peaks(run.device), std::move(begin), clock.mark());
+      // The end waits for an update the strategy left running (Strategy::wait_for_update).
+      record.hold(outcome, memory_peaks(run.device), std::move(begin),
+                  clock.mark_after([&run] { run.strategy->wait_for_update(); }));
       const bool stopping = agree_to_stop(run);
       if (step == position.step) {  // outside the step's time: settling waits
         run.measured_step_peak_bytes = peak_live_bytes(run.device) - run.memory_baseline;

@@ -83,32 +83,45 @@ void refresh_compute(const UpdateSlice& s) {
 
 }  // namespace
 
+bool OptimizerShards::has_whole_matrix() const {
+  for (const OptimizerShard& g : groups_) {
+    if (std::find(g.whole_matrix.begin(), g.whole_matrix.end(), 1) != g.whole_matrix.end()) return true;
+  }
+  return false;
+}
+
+void OptimizerShards::update_elements(const UpdateArgs& args, size_t group, int64_t from, int64_t to) {
+  torch::NoGradGuard no_grad;
+  OptimizerShard& g = groups_.at(group);
+  from = std::max(from, g.owned.offset);
+  to = std::min(to, g.owned.offset + g.owned.numel);
+  // Maximal runs of the owned elements in [from, to) between whole-matrix parameters.
+  int64_t run = -1;  // start of the current run, -1: none
+  const auto flush = [&](int64_t end) {
+    if (run >= 0 && end > run) {
+      UpdateSlice s = slice_of(g, run, end);
+      s.group = group;
+      if (!optimizer_->update(s, args)) refresh_compute(s);
+    }
+    run = -1;
+  };
+  for (size_t k = 0; k < g.parameters.size(); ++k) {
+    const ParameterInfo& p = g.parameters[k];
+    const int64_t begin = std::max(p.offset, from), end = std::min(p.offset + p.numel, to);
+    if (end <= begin) continue;
+    if (g.whole_matrix[k]) {
+      flush(begin);
+    } else if (run < 0) {
+      run = begin;
+    }
+  }
+  flush(to);
+}
+
 void OptimizerShards::update(const UpdateArgs& args, Comm* shard_comm, Comm* replica_comm) {
   torch::NoGradGuard no_grad;
-  // Element-wise parameters: maximal runs of the owned elements between whole-matrix ones.
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    OptimizerShard& g = groups_[gi];
-    const int64_t owned_end = g.owned.offset + g.owned.numel;
-    int64_t run = -1;  // start of the current run, -1: none
-    const auto flush = [&](int64_t end) {
-      if (run >= 0 && end > run) {
-        UpdateSlice s = slice_of(g, run, end);
-        s.group = gi;
-        if (!optimizer_->update(s, args)) refresh_compute(s);
-      }
-      run = -1;
-    };
-    for (size_t k = 0; k < g.parameters.size(); ++k) {
-      const ParameterInfo& p = g.parameters[k];
-      const int64_t begin = std::max(p.offset, g.owned.offset), end = std::min(p.offset + p.numel, owned_end);
-      if (end <= begin) continue;
-      if (g.whole_matrix[k]) {
-        flush(begin);
-      } else if (run < 0) {
-        run = begin;
-      }
-    }
-    flush(owned_end);
+    update_elements(args, gi, groups_[gi].owned.offset, groups_[gi].owned.offset + groups_[gi].owned.numel);
   }
   // Whole-matrix parameters: runs of one shape (rank-independent), each
   // rank's held matrices of a run transformed as one stack.

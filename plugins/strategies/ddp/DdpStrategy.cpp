@@ -12,6 +12,10 @@
 // With StrategyEnv::exact_gradients (reproducible mode) the core sums the
 // gradients: nothing is bound or reduced here, and the buffers only receive
 // the core's sum (gradient_slices) for the update.
+//
+// With overlap_update = true the update runs unit by unit behind the next
+// forward (trainer/sharding/OverlappedUpdate.h): each unit's forward waits
+// for its own parameters' update, so the bits are the ordered run's.
 #include <cmath>
 
 #include "trainer/Strategy.h"
@@ -19,6 +23,7 @@
 #include "trainer/sharding/FlatParameters.h"
 #include "trainer/sharding/GradientBuckets.h"
 #include "trainer/sharding/OptimizerShards.h"
+#include "trainer/sharding/OverlappedUpdate.h"
 
 namespace {
 
@@ -35,7 +40,13 @@ class DdpStrategy final : public Strategy {
   explicit DdpStrategy(const Options& options)
       : bucket_bytes_(static_cast<int64_t>(options.real("bucket_mb") * 1024 * 1024)),
         overlap_(options.boolean("overlap")),
-        reduce_bf16_(options.text("reduce_dtype") == "bf16") {}
+        reduce_bf16_(options.text("reduce_dtype") == "bf16"),
+        overlap_update_(options.boolean("overlap_update")),
+        options_(options) {}
+
+  ~DdpStrategy() override {
+    if (model_ != nullptr) model_->set_unit_hooks(nullptr);
+  }
 
   void setup(Model& model, Comm& comm, const StrategyEnv& env) override {
     comm_ = &comm;
@@ -53,6 +64,22 @@ class DdpStrategy final : public Strategy {
       grads_.push_back(shards_.groups()[g].gradient);
       if (!exact_) bind_gradients(groups_[g], grads_.back());
     }
+    if (overlap_update_) {
+      if (exact_) {
+        options_.fail("overlap_update", "false with training.reproducible (its atoms replay without waiting)");
+      }
+      if (shards_.has_whole_matrix()) {
+        options_.fail("overlap_update",
+                      "false with an optimizer that transforms whole matrices (muon): a transform spans units");
+      }
+      const std::vector<ParameterUnit> units = model.units();
+      if (units.empty()) {
+        options_.fail("overlap_update", "false with a model that declares no units (Model::units)");
+      }
+      overlapped_ = OverlappedUpdate(units, groups_, env.device);
+      model.set_unit_hooks(&overlapped_);
+      model_ = &model;
+    }
     if (exact_) return;
     layout_ = GradientBuckets(groups_, std::max<int64_t>(1, bucket_bytes_ / 4));
     for (const GradientBucket& bucket : layout_.buckets()) {
@@ -63,6 +90,7 @@ class DdpStrategy final : public Strategy {
   }
 
   void backward(const torch::Tensor& loss, const MicroStep& micro) override {
+    overlapped_.join();  // the forward waited for every unit; a model that skipped one gets it here
     if (exact_) {
       loss.backward();
       return;
@@ -85,6 +113,7 @@ class DdpStrategy final : public Strategy {
   }
 
   double reduce_gradients_and_norm() override {
+    overlapped_.join();
     if (exact_) return 0.0;
     torch::NoGradGuard no_grad;
     start_the_rest();
@@ -100,13 +129,20 @@ class DdpStrategy final : public Strategy {
   }
 
   void apply_update(const UpdateArgs& args) override {
+    if (overlap_update_) {
+      overlapped_.launch(shards_, grads_, args);  // each unit's gradient zeroed after its update
+      return;
+    }
     shards_.update(args, nullptr, comm_);  // the whole-matrix transforms divided among the ranks
     discard_gradients();
   }
 
   void discard_gradients() override {
+    overlapped_.join();
     for (torch::Tensor& grads : grads_) grads.zero_();
   }
+
+  void wait_for_update() override { overlapped_.join(); }
 
   MemoryReport memory() const override {
     MemoryReport report;
@@ -123,25 +159,33 @@ class DdpStrategy final : public Strategy {
   }
 
   std::vector<FlatSlice> gradient_slices() const override {
+    overlapped_.join();
     std::vector<FlatSlice> slices;
     for (size_t g = 0; g < groups_.size(); ++g) slices.push_back({g, 0, grads_[g]});
     return slices;
   }
 
-  std::vector<StateSlice> state_slices() override { return shards_.state_slices(); }
+  std::vector<StateSlice> state_slices() override {
+    overlapped_.join();
+    return shards_.state_slices();
+  }
   // In exact mode backward() is autograd's alone, on parameters set up once.
   bool replayable_atoms() const override { return exact_; }
   // In the fast mode backward() adds into the buffers bound once; only a
-  // last micro-step whose hooks start the buckets' all-reduces does more.
+  // last micro-step whose hooks start the buckets' all-reduces does more,
+  // and, with overlap_update, a step's first, whose forward waits for the
+  // update unit by unit (a replay would not).
   bool replayable_micro_step(const MicroStep& micro) const override {
-    return !exact_ && !(overlap_ && micro.is_last && comm_->world_size() > 1);
+    return !exact_ && !(overlap_ && micro.is_last && comm_->world_size() > 1) && !(overlap_update_ && micro.index == 0);
   }
 
   void state_loaded() override {
+    overlapped_.join();
     for (ParameterGroup& group : groups_) sync_compute(group);
   }
 
   std::vector<FlatSlice> parameter_slices() const override {
+    overlapped_.join();
     std::vector<FlatSlice> slices;
     for (size_t g = 0; g < groups_.size(); ++g) slices.push_back({g, 0, groups_[g].values});
     return slices;
@@ -161,6 +205,8 @@ class DdpStrategy final : public Strategy {
   int64_t bucket_bytes_;
   bool overlap_;
   bool reduce_bf16_;
+  bool overlap_update_;
+  Options options_;  // for refusing overlap_update by name at setup
   // The buckets not started yet, in the layout's agreed order.
   void start_the_rest() {
     for (size_t b : layout_.order()) {
@@ -177,12 +223,18 @@ class DdpStrategy final : public Strategy {
   std::vector<torch::Tensor> grads_;  // shards_'s fp32 accumulators, bound as the parameters' .grad
   GradientBuckets layout_;
   std::vector<Bucket> buckets_;  // layout_'s, in its order
+  // With overlap_update: the update's units in flight (joined by every
+  // method that reads or writes the state) and the model whose hooks wait for them.
+  mutable OverlappedUpdate overlapped_;
+  Model* model_ = nullptr;
 };
 
 constexpr KeySpec kKeys[] = {
     {"bucket_mb", ValueType::Float, "25.0", "gradient bytes per all-reduce bucket (whole parameters)", 1e-6, 1e6},
     {"overlap", ValueType::Bool, "true", "start each bucket's all-reduce during the last backward"},
     {"reduce_dtype", ValueType::String, "'fp32'", "dtype of the gradient all-reduce", -kNoLimit, kNoLimit, "fp32|bf16"},
+    {"overlap_update", ValueType::Bool, "false",
+     "update unit by unit behind the next forward (CUDA: on a stream of its own; the same bits)"},
 };
 
 }  // namespace

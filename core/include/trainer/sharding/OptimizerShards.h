@@ -117,6 +117,15 @@ class OptimizerShards {
   /// zero_gradients().
   void update(const UpdateArgs& args, Comm* shard_comm, Comm* replica_comm = nullptr);
 
+  /// The element-wise part of update() alone, on this rank's owned elements
+  /// among [from, to) of group `group` (group offsets); whole-matrix
+  /// parameters there are left alone. Element-wise optimizers give the same
+  /// bits however the elements are cut (trainer/Optimizer.h), so updating a
+  /// group piece by piece equals updating it at once. Communicates nothing.
+  void update_elements(const UpdateArgs& args, size_t group, int64_t from, int64_t to);
+  /// Whether any parameter takes the whole-matrix path.
+  bool has_whole_matrix() const;
+
   void zero_gradients();
 
   /// The Strategy methods of the same names, over the owned elements.
