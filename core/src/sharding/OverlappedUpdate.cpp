@@ -77,7 +77,10 @@ OverlappedUpdate::OverlappedUpdate(const std::vector<ParameterUnit>& units, cons
   device_->pending.assign(runs_.size(), 0);
 #ifdef TRAINER_CUDA_KERNELS
   if (device.is_cuda()) {
-    device_->stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+    // High priority: the update's blocks go first where both streams have
+    // work, so a unit's update is done before its forward asks for it and
+    // the forward's GEMMs fill what the bandwidth-bound update leaves.
+    device_->stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index());
     device_->done.resize(runs_.size());
   }
 #endif
