@@ -76,8 +76,7 @@ INSTANTIATE_TEST_SUITE_P(Strategies, Conformance, ::testing::ValuesIn(all_cases(
 TEST(ConformanceBf16, AccumulationStaysWithinTheFp32Bound) {
   for (const std::string& strategy : kStrategies) {
     const std::string dir = scratch_dir("ConformanceBf16_" + strategy);
-    const auto result =
-        trainer("check-plugin " + strategy + " --split 8,1,1 --bf16 --report " + dir + "/report.jsonl");
+    const auto result = trainer("check-plugin " + strategy + " --split 8,1,1 --bf16 --report " + dir + "/report.jsonl");
     ASSERT_EQ(result.exit_code, 0) << result.output;
     const MetricsRow row = read_metrics(dir + "/report.jsonl").at(0);
     EXPECT_GE(row.at("bf16_error"), 0.0) << strategy;
