@@ -126,12 +126,4 @@ void OverlappedUpdate::join() {
   for (size_t u = 0; u < device_->pending.size(); ++u) before_unit(u);
 }
 
-size_t OverlappedUpdate::pending() const {
-  size_t count = 0;
-  if (device_) {
-    for (char p : device_->pending) count += p ? 1 : 0;
-  }
-  return count;
-}
-
 }  // namespace trainer

@@ -58,21 +58,16 @@ class OverlappedUpdate final : public UnitHooks {
   void launch(OptimizerShards& shards, std::vector<torch::Tensor>& gradients, const UpdateArgs& args);
   /// The current stream waits until every unit's update has ended.
   void join();
-  /// How many units' updates the current stream has not waited for yet.
-  size_t pending() const;
 
   /// The current stream waits for the unit's update (nothing once it has).
   void before_unit(size_t unit) override;
   torch::Tensor after_unit(size_t, const torch::Tensor& output) override { return output; }
 
-  /// The elements of each unit: [begin, end) runs of one group, in group order.
-  struct Run {
+ private:
+  struct Run {  // [begin, end) of one group's elements
     size_t group = 0;
     int64_t begin = 0, end = 0;
   };
-  const std::vector<std::vector<Run>>& runs() const { return runs_; }
-
- private:
   struct Device;                        // the stream and events (OverlappedUpdate.cpp)
   std::vector<std::vector<Run>> runs_;  // per unit
   std::unique_ptr<Device> device_;
