@@ -14,7 +14,7 @@
 
 namespace trainer {
 
-struct OverlappedUpdate::Device {
+struct OverlappedUpdate::UnitEvents {
   torch::Device device = torch::kCPU;
   std::vector<char> pending;  // per unit: its update's event not waited for yet
 #ifdef TRAINER_CUDA_KERNELS
@@ -30,7 +30,7 @@ OverlappedUpdate& OverlappedUpdate::operator=(OverlappedUpdate&&) noexcept = def
 
 OverlappedUpdate::OverlappedUpdate(const std::vector<ParameterUnit>& units, const std::vector<ParameterGroup>& groups,
                                    torch::Device device)
-    : device_(std::make_unique<Device>()) {
+    : device_(std::make_unique<UnitEvents>()) {
   // Where each parameter lies: group and slot, by its position in Model::parameters().
   struct Where {
     size_t group = 0;
@@ -45,7 +45,7 @@ OverlappedUpdate::OverlappedUpdate(const std::vector<ParameterUnit>& units, cons
     }
   }
   for (const ParameterUnit& unit : units) {
-    std::vector<Run> runs;
+    std::vector<UnitRun> runs;
     for (size_t p : unit.parameters) {
       if (p >= where.size() || where[p].slot == nullptr) {
         throw std::invalid_argument(
@@ -56,14 +56,14 @@ OverlappedUpdate::OverlappedUpdate(const std::vector<ParameterUnit>& units, cons
       const int64_t begin = w.slot->offset, end = w.slot->offset + w.slot->numel;
       // Parameters lie in model order within a group: a unit's are mostly back to back.
       bool joined = false;
-      for (Run& run : runs) {
+      for (UnitRun& run : runs) {
         if (run.group == w.group && run.end == begin) {
           run.end = end;
           joined = true;
           break;
         }
       }
-      if (!joined) runs.push_back(Run{w.group, begin, end});
+      if (!joined) runs.push_back(UnitRun{w.group, begin, end});
     }
     runs_.push_back(std::move(runs));
   }
@@ -90,7 +90,7 @@ void OverlappedUpdate::launch(OptimizerShards& shards, std::vector<torch::Tensor
   torch::NoGradGuard no_grad;
   join();  // the last update's units, should a forward have missed one
   const auto update_unit = [&](size_t u) {
-    for (const Run& run : runs_[u]) {
+    for (const UnitRun& run : runs_[u]) {
       shards.update_elements(args, run.group, run.begin, run.end);
       gradients.at(run.group).narrow(0, run.begin, run.end - run.begin).zero_();
     }

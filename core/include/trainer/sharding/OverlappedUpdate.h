@@ -64,13 +64,13 @@ class OverlappedUpdate final : public UnitHooks {
   torch::Tensor after_unit(size_t, const torch::Tensor& output) override { return output; }
 
  private:
-  struct Run {  // [begin, end) of one group's elements
+  struct UnitRun {  // [begin, end) of one group's elements
     size_t group = 0;
     int64_t begin = 0, end = 0;
   };
-  struct Device;                        // the stream and events (OverlappedUpdate.cpp)
-  std::vector<std::vector<Run>> runs_;  // per unit
-  std::unique_ptr<Device> device_;
+  struct UnitEvents;                        // the stream and events (OverlappedUpdate.cpp)
+  std::vector<std::vector<UnitRun>> runs_;  // per unit
+  std::unique_ptr<UnitEvents> device_;
 };
 
 }  // namespace trainer
