@@ -91,6 +91,29 @@ def origins(events, device, pattern, n, top=20):
         print(f"  {dur / n / 1e3:8.2f} {count / n:6.0f}  {name} | {where}")
 
 
+def merged(spans):
+    """The union of [begin, end) spans, as sorted disjoint spans."""
+    out = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def overlap(left, right):
+    """The length of the intersection of two lists of sorted disjoint spans."""
+    total, i, j = 0.0, 0, 0
+    while i < len(left) and j < len(right):
+        total += max(0.0, min(left[i][1], right[j][1]) - max(left[i][0], right[j][0]))
+        if left[i][1] < right[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace")
@@ -140,6 +163,16 @@ def main():
     for low, high in bins:
         inside = [g[0] for g in gaps if low <= g[0] < high]
         print(f"  [{low}, {high}) {sum(inside) / n / 1e3:8.3f} {len(inside) / n:7.0f}")
+    streams = defaultdict(list)
+    for e in device:
+        streams[e.get("args", {}).get("stream", "?")].append((e["ts"], e["ts"] + e["dur"]))
+    if len(streams) > 1:
+        print("by stream (ms per step of its own events; of that, ms while another stream ran):")
+        for stream, spans in sorted(streams.items(), key=lambda kv: -sum(b - a for a, b in kv[1])):
+            others = merged([s for k, v in streams.items() if k != stream for s in v])
+            own = sum(b - a for a, b in spans)
+            print(f"  stream {stream}: {own / n / 1e3:8.2f} ms, {overlap(merged(spans), others) / n / 1e3:8.2f} "
+                  f"ms overlapped, {len(spans) / n:.0f} events")
     gaps.sort(key=lambda g: -g[0])
     print(f"idle gaps: {len(gaps) / n:.0f} per step; the longest (us, kernel before -> after):")
     for gap, before, after in gaps[:10]:
