@@ -2,6 +2,9 @@
 // the flat gradient buffer (adds, never overwrites), shards tile the buffer.
 #include "trainer/sharding/FlatParameters.h"
 
+#include <stdexcept>
+#include <string>
+
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -103,6 +106,58 @@ TEST(FlatParameters, ShardsOfTheShardPaddingAreAligned) {
       for (int rank = 0; rank < world; ++rank) EXPECT_EQ(shard_of(padded, rank, world).offset % kShardAlignment, 0);
     }
   }
+}
+
+// Four parameters in two groups: decay [w1 (6), w2 (4)], no decay [b1 (3), b2 (2)].
+std::vector<NamedParameter> four_parameters() {
+  return {{"w1", torch::zeros({2, 3}), true},
+          {"b1", torch::zeros({3}), false},
+          {"w2", torch::zeros({4}), true},
+          {"b2", torch::zeros({2}), false}};
+}
+
+std::string spans_text(const std::vector<std::vector<UnitSpan>>& spans) {
+  std::string out;
+  for (const std::vector<UnitSpan>& unit : spans) {
+    out += "|";
+    for (const UnitSpan& span : unit) {
+      out += fmt::format(" g{}[{},{})", span.group, span.begin, span.end);
+      for (const ParameterSlot* slot : span.slots) out += " " + slot->name;
+    }
+  }
+  return out;
+}
+
+std::string unit_spans_error(const std::vector<ParameterUnit>& units, const std::vector<ParameterGroup>& groups) {
+  try {
+    unit_spans(units, groups);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(FlatParameters, UnitSpansJoinAdjacentParametersAndCoverEachOnce) {
+  std::vector<NamedParameter> params = four_parameters();
+  const std::vector<ParameterGroup> groups = flatten_parameters(params, torch::kCPU, 1);
+  // Offsets worked out by hand from the sizes above.
+  EXPECT_EQ(spans_text(unit_spans({{"a", {0, 1}}, {"b", {2, 3}}}, groups)),
+            "| g0[0,6) w1 g1[0,3) b1| g0[6,10) w2 g1[3,5) b2");
+  EXPECT_EQ(spans_text(unit_spans({{"all", {0, 1, 2, 3}}}, groups)), "| g0[0,10) w1 w2 g1[0,5) b1 b2");
+  // w1 and w2 meet in the layout (b1 lies in the other group): one span.
+  EXPECT_EQ(spans_text(unit_spans({{"w", {0, 2}}, {"b", {1, 3}}}, groups)), "| g0[0,10) w1 w2| g1[0,5) b1 b2");
+  // Three decay parameters, the middle one in another unit: two spans in one group.
+  std::vector<NamedParameter> three = {
+      {"x", torch::zeros({2}), true}, {"y", torch::zeros({3}), true}, {"z", torch::zeros({4}), true}};
+  const std::vector<ParameterGroup> one_group = flatten_parameters(three, torch::kCPU, 1);
+  EXPECT_EQ(spans_text(unit_spans({{"outer", {0, 2}}, {"inner", {1}}}, one_group)), "| g0[0,2) x g0[5,9) z| g0[2,5) y");
+
+  EXPECT_EQ(unit_spans_error({{"a", {0, 1}}, {"b", {1, 2, 3}}}, groups),
+            "parameter 'b1' lies in 2 of the model's units, expected exactly one");
+  EXPECT_EQ(unit_spans_error({{"a", {0, 1, 2}}}, groups),
+            "parameter 'b2' lies in 0 of the model's units, expected exactly one");
+  EXPECT_EQ(unit_spans_error({{"a", {0, 1}}, {"b", {2, 3, 7}}}, groups),
+            "unit 'b' names parameter 7, which the model does not have");
 }
 
 }  // namespace

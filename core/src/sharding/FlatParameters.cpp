@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include <fmt/format.h>
+
 namespace trainer {
 
 std::vector<ParameterGroup> flatten_parameters(const std::vector<NamedParameter>& params, torch::Device device,
@@ -44,6 +46,50 @@ void bind_gradients(ParameterGroup& group, const torch::Tensor& grads) {
 void sync_compute(ParameterGroup& group) {
   torch::NoGradGuard no_grad;
   if (separate_compute(group)) group.compute.copy_(group.values);
+}
+
+std::vector<std::vector<UnitSpan>> unit_spans(const std::vector<ParameterUnit>& units,
+                                              const std::vector<ParameterGroup>& groups) {
+  // Where each parameter lies, by its position in Model::parameters().
+  struct Where {
+    size_t group = 0;
+    const ParameterSlot* slot = nullptr;
+    int units = 0;
+  };
+  std::vector<Where> where;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const ParameterSlot& slot : groups[g].slots) {
+      if (slot.position >= where.size()) where.resize(slot.position + 1);
+      where[slot.position] = Where{g, &slot, 0};
+    }
+  }
+  std::vector<std::vector<UnitSpan>> out;
+  for (const ParameterUnit& unit : units) {
+    std::vector<UnitSpan> spans;
+    for (size_t p : unit.parameters) {
+      if (p >= where.size() || where[p].slot == nullptr) {
+        throw std::invalid_argument(
+            fmt::format("unit '{}' names parameter {}, which the model does not have", unit.name, p));
+      }
+      Where& w = where[p];
+      ++w.units;
+      const int64_t begin = w.slot->offset;
+      // Parameters lie in model order within a group: a unit's are mostly back to back.
+      auto joins = std::find_if(spans.begin(), spans.end(),
+                                [&](const UnitSpan& span) { return span.group == w.group && span.end == begin; });
+      if (joins == spans.end()) joins = spans.insert(spans.end(), UnitSpan{w.group, begin, begin, {}});
+      joins->end += w.slot->numel;
+      joins->slots.push_back(w.slot);
+    }
+    out.push_back(std::move(spans));
+  }
+  for (const Where& w : where) {
+    if (w.slot != nullptr && w.units != 1) {
+      throw std::invalid_argument(
+          fmt::format("parameter '{}' lies in {} of the model's units, expected exactly one", w.slot->name, w.units));
+    }
+  }
+  return out;
 }
 
 Shard shard_of(int64_t padded_numel, int rank, int world_size) {

@@ -2,9 +2,6 @@
 #include "trainer/sharding/OverlappedUpdate.h"
 
 #include <optional>
-#include <stdexcept>
-
-#include <fmt/format.h>
 
 #ifdef TRAINER_CUDA_KERNELS
 #include <ATen/cuda/CUDAEvent.h>
@@ -31,47 +28,10 @@ OverlappedUpdate& OverlappedUpdate::operator=(OverlappedUpdate&&) noexcept = def
 OverlappedUpdate::OverlappedUpdate(const std::vector<ParameterUnit>& units, const std::vector<ParameterGroup>& groups,
                                    torch::Device device)
     : device_(std::make_unique<UnitEvents>()) {
-  // Where each parameter lies: group and slot, by its position in Model::parameters().
-  struct Where {
-    size_t group = 0;
-    const ParameterSlot* slot = nullptr;
-    int units = 0;
-  };
-  std::vector<Where> where;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    for (const ParameterSlot& slot : groups[g].slots) {
-      if (slot.position >= where.size()) where.resize(slot.position + 1);
-      where[slot.position] = Where{g, &slot, 0};
-    }
-  }
-  for (const ParameterUnit& unit : units) {
+  for (const std::vector<UnitSpan>& spans : unit_spans(units, groups)) {
     std::vector<UnitRun> runs;
-    for (size_t p : unit.parameters) {
-      if (p >= where.size() || where[p].slot == nullptr) {
-        throw std::invalid_argument(
-            fmt::format("unit '{}' names parameter {}, which the model does not have", unit.name, p));
-      }
-      Where& w = where[p];
-      ++w.units;
-      const int64_t begin = w.slot->offset, end = w.slot->offset + w.slot->numel;
-      // Parameters lie in model order within a group: a unit's are mostly back to back.
-      bool joined = false;
-      for (UnitRun& run : runs) {
-        if (run.group == w.group && run.end == begin) {
-          run.end = end;
-          joined = true;
-          break;
-        }
-      }
-      if (!joined) runs.push_back(UnitRun{w.group, begin, end});
-    }
+    for (const UnitSpan& span : spans) runs.push_back(UnitRun{span.group, span.begin, span.end});
     runs_.push_back(std::move(runs));
-  }
-  for (const Where& w : where) {
-    if (w.slot != nullptr && w.units != 1) {
-      throw std::invalid_argument(
-          fmt::format("parameter '{}' lies in {} of the model's units, expected exactly one", w.slot->name, w.units));
-    }
   }
   device_->device = device;
   device_->pending.assign(runs_.size(), 0);

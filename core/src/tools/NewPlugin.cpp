@@ -137,6 +137,7 @@ const std::vector<std::string>& sdk_type_names() {
                                                  "UnitEvents",
                                                  "UnitHooks",
                                                  "UnitRun",
+                                                 "UnitSpan",
                                                  "UpdateArgs",
                                                  "UpdateSlice",
                                                  "Value",

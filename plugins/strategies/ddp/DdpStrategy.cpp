@@ -17,7 +17,11 @@
 // forward (trainer/sharding/OverlappedUpdate.h): each unit's forward waits
 // for its own parameters' update, so the bits are the ordered run's.
 #include <cmath>
+#include <stdexcept>
 
+#include <fmt/format.h>
+
+#include "trainer/Errors.h"
 #include "trainer/Strategy.h"
 #include "trainer/sharding/AdamW.h"
 #include "trainer/sharding/FlatParameters.h"
@@ -76,7 +80,11 @@ class DdpStrategy final : public Strategy {
       if (units.empty()) {
         options_.fail("overlap_update", "false with a model that declares no units (Model::units)");
       }
-      overlapped_ = OverlappedUpdate(units, groups_, env.device);
+      try {
+        overlapped_ = OverlappedUpdate(units, groups_, env.device);
+      } catch (const std::invalid_argument& e) {
+        throw InputError(fmt::format("ddp: overlap_update: the model's units: {}", e.what()));
+      }
       model.set_unit_hooks(&overlapped_);
       model_ = &model;
     }

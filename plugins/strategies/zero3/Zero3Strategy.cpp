@@ -38,6 +38,7 @@
 #include <atomic>
 #include <cmath>
 #include <mutex>
+#include <stdexcept>
 
 #include <c10/core/DeviceGuard.h>
 #include <fmt/format.h>
@@ -128,7 +129,7 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
       optimizer().add_group(shard, unpadded(group, shard), group,
                             group.values.narrow(0, shard.offset, shard.numel).clone());
     }
-    build_units(params, declared, layout);
+    build_units(declared, layout);
     // The full flat buffers go out of scope here; parameters now view the
     // per-unit buffers, whose memory is released until a unit is gathered.
     for (Unit& unit : units_) release_unit(unit);
@@ -221,67 +222,50 @@ class Zero3Strategy final : public ShardedStrategy, public UnitHooks {
   // derives from them (ShardedStrategy's, without full parameters).
 
  private:
-  void build_units(const std::vector<NamedParameter>& params, const std::vector<ParameterUnit>& declared,
-                   const std::vector<ParameterGroup>& layout) {
-    // Where each parameter sits: (group, slot).
-    std::map<const void*, std::pair<size_t, const ParameterSlot*>> where;
-    for (size_t g = 0; g < layout.size(); ++g) {
-      for (const ParameterSlot& slot : layout[g].slots) where[slot.param.unsafeGetTensorImpl()] = {g, &slot};
+  void build_units(const std::vector<ParameterUnit>& declared, const std::vector<ParameterGroup>& layout) {
+    std::vector<std::vector<UnitSpan>> spans;
+    try {
+      spans = unit_spans(declared, layout);
+    } catch (const std::invalid_argument& e) {
+      throw InputError(fmt::format("zero3: {}", e.what()));
     }
-    std::vector<int> covered(params.size(), 0);
     torch::NoGradGuard no_grad;
-    for (const ParameterUnit& d : declared) {
+    for (size_t u = 0; u < declared.size(); ++u) {
       Unit unit;
-      unit.name = d.name;
-      std::map<size_t, UnitRange> ranges;
-      for (size_t index : d.parameters) {
-        ++covered.at(index);
-        const auto& [g, slot] = where.at(params[index].tensor.unsafeGetTensorImpl());
-        auto [it, fresh] = ranges.try_emplace(g);
-        UnitRange& r = it->second;
-        if (fresh) {
-          r.group = g;
-          r.begin = slot->offset;
-          r.end = slot->offset;
+      unit.name = declared[u].name;
+      for (const UnitSpan& span : spans[u]) {
+        // One gather per group a unit spans: its elements must be one range there.
+        for (const UnitRange& other : unit.ranges) {
+          if (other.group == span.group) {
+            throw InputError(fmt::format("zero3: unit '{}' is not contiguous in the parameter layout at '{}'",
+                                         unit.name, span.slots.front()->name));
+          }
         }
-        if (slot->offset != r.end) {
-          throw InputError(
-              fmt::format("zero3: unit '{}' is not contiguous in the parameter layout at '{}'", d.name, slot->name));
-        }
-        r.end += slot->numel;
-        unit.params.push_back(params[index].tensor);
-      }
-      for (auto& [g, r] : ranges) {
-        r.values = torch::empty({r.end - r.begin}, optimizer().groups()[g].values.options().dtype(compute_dtype_));
+        UnitRange r;
+        r.group = span.group;
+        r.begin = span.begin;
+        r.end = span.end;
+        r.values =
+            torch::empty({r.end - r.begin}, optimizer().groups()[r.group].values.options().dtype(compute_dtype_));
         for (int rank = 0; rank < shard_comm().world_size(); ++rank) {
-          const Shard s = shard_of(layout[g].padded_numel, rank, shard_comm().world_size());
+          const Shard s = shard_of(layout[r.group].padded_numel, rank, shard_comm().world_size());
           Piece p{std::max(r.begin, s.offset), std::min(r.end, s.offset + s.numel)};
           if (p.end <= p.begin) p = Piece{};  // this rank holds none of the range
           r.longest = std::max(r.longest, p.size());
           r.pieces.push_back(p);
         }
+        // Parameters become views of the unit's buffers.
+        for (const ParameterSlot* slot : span.slots) {
+          const torch::Tensor in_unit = r.values.narrow(0, slot->offset - r.begin, slot->numel);
+          in_unit.copy_(slot->param.reshape(-1));
+          slot->param.set_data(in_unit.view(slot->param.sizes()));
+          unit.params.push_back(slot->param);
+          unit.param_at.emplace_back(unit.ranges.size(), slot->offset - r.begin);
+          unit_of_[slot->param.unsafeGetTensorImpl()] = units_.size();
+        }
         unit.ranges.push_back(std::move(r));
       }
-      // Parameters become views of the unit's buffers.
-      for (size_t index : d.parameters) {
-        const auto& [g, slot] = where.at(params[index].tensor.unsafeGetTensorImpl());
-        for (size_t k = 0; k < unit.ranges.size(); ++k) {
-          UnitRange& r = unit.ranges[k];
-          if (r.group != g) continue;
-          r.values.narrow(0, slot->offset - r.begin, slot->numel).copy_(slot->param.reshape(-1));
-          params[index].tensor.set_data(
-              r.values.narrow(0, slot->offset - r.begin, slot->numel).view(slot->param.sizes()));
-          unit.param_at.emplace_back(k, slot->offset - r.begin);
-        }
-        unit_of_[params[index].tensor.unsafeGetTensorImpl()] = units_.size();
-      }
       units_.push_back(std::move(unit));
-    }
-    for (size_t i = 0; i < covered.size(); ++i) {
-      if (covered[i] != 1) {
-        throw InputError(fmt::format("zero3: parameter '{}' is in {} units; every parameter must be in exactly one",
-                                     params[i].name, covered[i]));
-      }
     }
   }
 

@@ -54,6 +54,23 @@ void sync_compute(ParameterGroup& group);
 /// into the flat buffer.
 void bind_gradients(ParameterGroup& group, const torch::Tensor& grads);
 
+/// Part of one unit (Model::units) in one group's flat buffer: the elements
+/// [begin, end), which hold `slots` back to back in layout order.
+struct UnitSpan {
+  size_t group = 0;
+  int64_t begin = 0, end = 0;
+  std::vector<const ParameterSlot*> slots;
+};
+
+/// Where each of `units` (Model::units(), in order) lies in `groups`
+/// (flatten_parameters of the same Model::parameters()): per unit, its
+/// spans in the order of their first parameter, parameters adjacent in a
+/// group joined into one span. Throws std::invalid_argument naming the unit
+/// or the parameter when a unit names a parameter the model lacks, or when a
+/// parameter lies in no unit or in more than one.
+std::vector<std::vector<UnitSpan>> unit_spans(const std::vector<ParameterUnit>& units,
+                                              const std::vector<ParameterGroup>& groups);
+
 /// The contiguous slice [offset, offset + numel) of a padded flat buffer that
 /// rank `rank` of `world_size` owns. padded_numel must divide evenly.
 struct Shard {

@@ -43,8 +43,8 @@ class OverlappedUpdate final : public UnitHooks {
   /// Unset: launch() updates at once on the current stream.
   OverlappedUpdate();
   /// Cuts `groups` (laid out by flatten_parameters from model.parameters())
-  /// by `units` (Model::units(), in forward order). Throws std::invalid_argument
-  /// naming the parameter when the units do not cover every parameter once.
+  /// by `units` (Model::units(), in forward order). Throws as unit_spans()
+  /// does when the units do not cover every parameter once.
   OverlappedUpdate(const std::vector<ParameterUnit>& units, const std::vector<ParameterGroup>& groups,
                    torch::Device device);
   ~OverlappedUpdate() override;
