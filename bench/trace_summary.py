@@ -14,6 +14,9 @@ took the most time, and the longest idle gaps with the kernel before each.
 that launched them (the innermost three, with the innermost's input shapes),
 by time: where a kernel nobody asked for comes from. Kernels replayed from a
 CUDA graph have no launching operator (they show as "graph replay").
+--window A B: every device event that starts between A and B ms after the
+trace's first, with its stream, and the host's waits for the device
+(synchronize calls, .item()) over 0.2 ms: who waited for whom.
 """
 import bisect
 import argparse
@@ -91,6 +94,21 @@ def origins(events, device, pattern, n, top=20):
         print(f"  {dur / n / 1e3:8.2f} {count / n:6.0f}  {name} | {where}")
 
 
+def window(events, device, origin, first_ms, last_ms):
+    """The device events starting in [first_ms, last_ms] after `origin`, and the host's waits there."""
+    at = lambda e: (e["ts"] - origin) / 1e3
+    print(f"device events from {first_ms} to {last_ms} ms (start ms, duration ms, stream, name):")
+    for e in device:
+        if first_ms <= at(e) <= last_ms:
+            print(f"  {at(e):9.2f} {e['dur'] / 1e3:7.2f}  s{e.get('args', {}).get('stream', '?')}  {short(e['name'], 80)}")
+    print("host waits over 0.2 ms (start ms, duration ms, call):")
+    for e in events:
+        if (e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cpu_op") and e["dur"] > 200
+                and re.search(r"Synchronize|aten::item|_local_scalar_dense", e["name"])
+                and first_ms <= at(e) + e["dur"] / 1e3 and at(e) <= last_ms):
+            print(f"  {at(e):9.2f} {e['dur'] / 1e3:7.2f}  {e['name']}")
+
+
 def merged(spans):
     """The union of [begin, end) spans, as sorted disjoint spans."""
     out = []
@@ -120,6 +138,8 @@ def main():
     parser.add_argument("--steps", type=int, default=1, help="steps the trace holds (figures are per step)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--origin", help="a regular expression: the host operators that launched matching kernels")
+    parser.add_argument("--window", nargs=2, type=float, metavar=("A", "B"),
+                        help="list the device events and host waits between A and B ms after the first event")
     args = parser.parse_args()
     with open(args.trace) as f:
         events = json.load(f)["traceEvents"]
@@ -179,6 +199,8 @@ def main():
         print(f"  {gap:9.1f}  {short(before or '-', 60)} -> {short(after, 60)}")
     if args.origin:
         origins(events, device, re.compile(args.origin), n)
+    if args.window:
+        window(events, device, begin, *args.window)
 
 
 if __name__ == "__main__":
