@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "TestSupport.h"
 #include "kit/Reference.h"
 #include "plugin/PluginRegistry.h"
 #include "recipe/Recipe.h"
@@ -74,7 +75,7 @@ TEST(FlatParameters, EveryStrategysShardsStartOn64ElementBoundaries) {
   const LoadedPlugin& adamw = registry.find(PluginKind::Optimizer, "adamw");
   const std::unique_ptr<Optimizer> optimizer =
       PluginRegistry::create<Optimizer>(adamw, plugin_options(adamw, ""), Context{});
-  for (const char* name : {"ddp", "zero1", "zero2", "zero3"}) {
+  for (const std::string& name : kStrategies) {
     const LoadedPlugin& plugin = registry.find(PluginKind::Strategy, name);
     for (int world = 1; world <= 8; ++world) {
       for (int rank = 0; rank < world; ++rank) {
