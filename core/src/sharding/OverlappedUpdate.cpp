@@ -27,21 +27,15 @@ OverlappedUpdate& OverlappedUpdate::operator=(OverlappedUpdate&&) noexcept = def
 
 OverlappedUpdate::OverlappedUpdate(const std::vector<ParameterUnit>& units, const std::vector<ParameterGroup>& groups,
                                    torch::Device device)
-    : device_(std::make_unique<UnitEvents>()) {
-  for (const std::vector<UnitSpan>& spans : unit_spans(units, groups)) {
-    std::vector<UnitRun> runs;
-    for (const UnitSpan& span : spans) runs.push_back(UnitRun{span.group, span.begin, span.end});
-    runs_.push_back(std::move(runs));
-  }
+    : spans_(unit_spans(units, groups)), device_(std::make_unique<UnitEvents>()) {
   device_->device = device;
-  device_->pending.assign(runs_.size(), 0);
+  device_->pending.assign(spans_.size(), 0);
 #ifdef TRAINER_CUDA_KERNELS
   if (device.is_cuda()) {
     // High priority: the update's blocks go first where both streams have
-    // work, so a unit's update is done before its forward asks for it and
-    // the forward's GEMMs fill what the bandwidth-bound update leaves.
+    // work, so a unit's update is done before its forward asks for it.
     device_->stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index());
-    device_->done.resize(runs_.size());
+    device_->done.resize(spans_.size());
   }
 #endif
 }
@@ -50,7 +44,7 @@ void OverlappedUpdate::launch(OptimizerShards& shards, std::vector<torch::Tensor
   torch::NoGradGuard no_grad;
   join();  // the last update's units, should a forward have missed one
   const auto update_unit = [&](size_t u) {
-    for (const UnitRun& run : runs_[u]) {
+    for (const UnitSpan& run : spans_[u]) {
       shards.update_elements(args, run.group, run.begin, run.end);
       gradients.at(run.group).narrow(0, run.begin, run.end - run.begin).zero_();
     }
@@ -62,7 +56,7 @@ void OverlappedUpdate::launch(OptimizerShards& shards, std::vector<torch::Tensor
     ready.record(current);  // the gradients summed, the norm taken
     ready.block(*device_->stream);
     const c10::cuda::CUDAStreamGuard on_update_stream(*device_->stream);
-    for (size_t u = 0; u < runs_.size(); ++u) {
+    for (size_t u = 0; u < spans_.size(); ++u) {
       update_unit(u);
       device_->done[u].record(*device_->stream);
       device_->pending[u] = 1;
@@ -70,7 +64,7 @@ void OverlappedUpdate::launch(OptimizerShards& shards, std::vector<torch::Tensor
     return;
   }
 #endif
-  for (size_t u = 0; u < runs_.size(); ++u) update_unit(u);
+  for (size_t u = 0; u < spans_.size(); ++u) update_unit(u);
 }
 
 void OverlappedUpdate::before_unit(size_t unit) {

@@ -136,7 +136,6 @@ const std::vector<std::string>& sdk_type_names() {
                                                  "TrainingError",
                                                  "UnitEvents",
                                                  "UnitHooks",
-                                                 "UnitRun",
                                                  "UnitSpan",
                                                  "UpdateArgs",
                                                  "UpdateSlice",

@@ -3,9 +3,11 @@
 // forward's first units compute while the later ones are still updated.
 //
 // The update is bandwidth-bound (AdamW reads and writes ~30 bytes a
-// parameter) and the forward's GEMMs are compute-bound, so the two share the
-// device well; ordered, the update is a stretch of the step where the
-// tensor cores idle (3B shape: ~23 ms of ~330).
+// parameter) and the forward's GEMMs are compute-bound; ordered, the update
+// is a stretch of the step where the tensor cores idle (3B shape: ~23 ms of
+// ~330). Measured on an H200 the two streams alternate rather than share
+// SMs (cuBLAS's GEMMs hold every SM while they run), so the update moves
+// instead of hiding: bench/README, "Eighth round".
 //
 // Order, unit by unit: the update stream starts where the current stream
 // stands (the gradients summed, the norm taken), then updates each unit's
@@ -64,12 +66,8 @@ class OverlappedUpdate final : public UnitHooks {
   torch::Tensor after_unit(size_t, const torch::Tensor& output) override { return output; }
 
  private:
-  struct UnitRun {  // [begin, end) of one group's elements
-    size_t group = 0;
-    int64_t begin = 0, end = 0;
-  };
-  struct UnitEvents;                        // the stream and events (OverlappedUpdate.cpp)
-  std::vector<std::vector<UnitRun>> runs_;  // per unit
+  struct UnitEvents;                          // the stream and events (OverlappedUpdate.cpp)
+  std::vector<std::vector<UnitSpan>> spans_;  // per unit, from unit_spans()
   std::unique_ptr<UnitEvents> device_;
 };
 
