@@ -12,6 +12,7 @@
 #           (Qwen3's tokenizer.json carried in .cache/tokenizers/qwen3)
 #   tokb    bench/tokenize_bench.py: trainer tokenize against HF tokenizers (same corpus)
 #   bpe     bench/tokenize_bench.py --long-pieces: one-piece documents of 1 kB to 1 MB, ids against HF
+#   probe   bench/update_overlap_probe.py: can an update hide behind GEMMs (PyTorch alone, ~1 minute)
 # Extra bench.py arguments: $BENCH_ARGS (e.g. --arms ddp,zero3).
 set -uo pipefail
 out=${OUT:-/tmp/gpu-out}
@@ -52,6 +53,7 @@ for stage in $stages; do
             ${TOKB_ARGS:-} 2>&1 | tail -12 || status=1 ;;
     bpe) python3 bench/tokenize_bench.py --trainer build-gpu/bin/trainer --tokenizer .cache/tokenizers/qwen3 \
            --long-pieces 2>&1 | tail -12 || status=1 ;;
+    probe) python3 bench/update_overlap_probe.py 2>&1 | tail -12 || status=1 ;;
     b05|b3) shape=0.5b; [ "$stage" = b3 ] && shape=3b
             python3 bench/bench.py --trainer build-gpu/bin/trainer --shape $shape --json "$out/$stage.json" \
               ${BENCH_ARGS:-} 2>"$out/$stage.err" | tee "$out/$stage.txt" || status=1 ;;
