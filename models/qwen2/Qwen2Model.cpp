@@ -20,6 +20,7 @@
 #include "trainer/Errors.h"
 #include "trainer/Model.h"
 #include "trainer/ops/Attention.h"
+#include "trainer/ops/Embedding.h"
 #include "trainer/ops/Linear.h"
 #include "trainer/ops/LinearCrossEntropy.h"
 #include "trainer/ops/Recompute.h"
@@ -211,7 +212,7 @@ class Qwen2Model final : public Model {
     const Config& c = config_;
     const bool tied = c.tie_word_embeddings;
     enter_unit(0);
-    Tensor x = torch::embedding(embed_, input_ids);
+    Tensor x = ops::embedding(embed_, input_ids);
     if (!tied) x = leave_unit(0, x);
     // Packed rows: the rows of each token's own position (the tables then
     // cover seq_len positions, the most a document can have). Captured by

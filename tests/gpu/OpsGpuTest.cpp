@@ -20,6 +20,7 @@
 #include "trainer/Comm.h"
 #include "trainer/Model.h"
 #include "trainer/ops/Attention.h"
+#include "trainer/ops/Embedding.h"
 #include "trainer/ops/Linear.h"
 #include "trainer/ops/LinearCrossEntropy.h"
 #include "trainer/ops/RmsNorm.h"
@@ -1040,6 +1041,10 @@ TEST(OpsGpu, LinearCrossEntropyKernelGivesTheLossAndBothGradients) {
       const torch::Tensor w = weight.to(kCuda, torch::kBFloat16).detach().set_requires_grad(true);
       const torch::Tensor buffer = torch::zeros({vocab, 64}, h.options().dtype(torch::kFloat32));
       w.mutable_grad() = buffer;
+      // The head's fp32 weight gradient is written by its first chunk's GEMM,
+      // never zeroed: a freed block of NaN of its size, which the caching
+      // allocator hands out again, must not reach it.
+      torch::full({vocab, 64}, std::numeric_limits<float>::quiet_NaN(), h.options().dtype(torch::kFloat32));
       for (int micro = 0; micro < 2; ++micro) {
         (ops::linear_cross_entropy_sum(h, w, labels.to(kCuda), /*chunk_rows=*/64) * 0.5).backward();
       }
@@ -1065,6 +1070,60 @@ TEST(OpsGpu, LinearCrossEntropyKernelGivesTheLossAndBothGradients) {
   const torch::Tensor labels = torch::tensor({1, 2}, torch::kInt64).to(kCuda);
   const double loss = ops::linear_cross_entropy_sum(h, w, labels).item<double>();
   EXPECT_NEAR(loss, 2 * std::log(7.0), 1e-5) << "a -inf logit counts as probability 0";
+}
+
+// ops::embedding on CUDA: the forward is torch::embedding's; the weight
+// gradient goes into a bound fp32 buffer, summed in fp32 (no bf16 dense
+// gradient in between: bf16 would be off by ~2^-9), the same bits every
+// time (a stable order for repeated tokens); unbound, or with gradient
+// fusion off (reproducible mode), torch::embedding's own backward.
+TEST(OpsGpu, EmbeddingAddsItsGradientIntoABoundFp32Buffer) {
+  REQUIRE_CUDA();
+  torch::manual_seed(9);
+  const int64_t vocab = 1000, dim = 64;
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  const torch::Tensor weight = (torch::randn({vocab, dim}) * 0.1).to(bf16);
+  const torch::Tensor ids = torch::randint(0, 50, {3, 200}, torch::kInt64).to(kCuda);  // ~12 repeats a token
+  const torch::Tensor start = torch::randn({vocab, dim}, bf16.dtype(torch::kFloat32));
+  std::vector<torch::Tensor> dys;
+  for (int micro = 0; micro < 2; ++micro) dys.push_back(torch::randn({3, 200, dim}).to(bf16));
+  // Two micro-steps into a buffer holding `start`; the buffer afterwards.
+  const auto run = [&](bool fusion) {
+    ops::set_gradient_fusion(fusion);
+    const torch::Tensor w = weight.detach().requires_grad_(true);
+    const torch::Tensor buffer = start.clone();
+    w.mutable_grad() = buffer;
+    for (const torch::Tensor& dy : dys) {
+      const torch::Tensor out = ops::embedding(w, ids);
+      EXPECT_TRUE(torch::equal(out, torch::embedding(weight, ids)));
+      out.backward(dy);
+    }
+    ops::set_gradient_fusion(true);
+    EXPECT_EQ(w.grad().data_ptr(), buffer.data_ptr()) << "the bound buffer was replaced";
+    return buffer;
+  };
+  torch::Tensor expected = start.to(torch::kCPU, torch::kFloat64);
+  for (const torch::Tensor& dy : dys) {
+    expected.index_add_(0, ids.reshape({-1}).cpu(), dy.reshape({-1, dim}).to(torch::kCPU, torch::kFloat64));
+  }
+  const torch::Tensor fused = run(true);
+  // fp32 sums of at most ~40 terms a row, each addition rounding at 2^-24: under 1e-5.
+  EXPECT_LT(relative_error(fused, expected), 1e-5);
+  EXPECT_TRUE(torch::equal(fused, run(true))) << "repeated tokens summed in another order";
+  // Gradient fusion off: autograd adds torch::embedding's bf16 gradient, micro-step by micro-step.
+  torch::Tensor unfused = start.clone();
+  for (const torch::Tensor& dy : dys) {
+    const torch::Tensor w = weight.detach().requires_grad_(true);
+    torch::embedding(w, ids).backward(dy);
+    unfused += w.grad().to(torch::kFloat32);
+  }
+  EXPECT_TRUE(torch::equal(run(false), unfused));
+  // Unbound: torch::embedding's gradient, bit for bit.
+  const torch::Tensor a = weight.detach().requires_grad_(true), b = weight.detach().requires_grad_(true);
+  ops::embedding(a, ids).backward(dys[0]);
+  torch::embedding(b, ids).backward(dys[0]);
+  ASSERT_TRUE(a.grad().defined());
+  EXPECT_TRUE(torch::equal(a.grad(), b.grad()));
 }
 
 // The CUDA update (the project's kernel) against the CPU loop, bit for bit:

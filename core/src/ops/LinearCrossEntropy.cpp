@@ -31,18 +31,34 @@ using torch::autograd::variable_list;
 
 constexpr int64_t kChunkBytes = int64_t(1) << 30;  // fp32 logits of one chunk
 
-// into += a^T b, accumulated in into's dtype (fp32) from operands in the compute dtype.
-void add_transposed_product(torch::Tensor& into, const torch::Tensor& a, const torch::Tensor& b) {
+// Whether add_transposed_product's GEMM itself accumulates into `into`
+// (operands of dtype `compute` on CUDA, `into` wider): it can then also
+// write it, so `into` need not be zeroed before the first product.
+bool gemm_writes_wider(torch::ScalarType compute, torch::ScalarType into, bool cuda) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+  return cuda && compute != into;
+#else
+  (void)compute, (void)into, (void)cuda;
+  return false;
+#endif
+}
+
+// into += a^T b, accumulated in into's dtype (fp32) from operands in the
+// compute dtype; into = a^T b when `overwrite` (only where
+// gemm_writes_wider: the GEMM then never reads `into`, which may hold anything).
+void add_transposed_product(torch::Tensor& into, const torch::Tensor& a, const torch::Tensor& b, bool overwrite) {
+  if (gemm_writes_wider(a.scalar_type(), into.scalar_type(), into.is_cuda())) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+    // bf16 operands, fp32 accumulation inside the GEMM; beta 0 neither reads nor propagates what was there.
+    at::addmm_out(into, into, a.t(), b, into.scalar_type(), /*beta=*/overwrite ? 0 : 1, /*alpha=*/1);
+#endif
+    return;
+  }
+  TORCH_CHECK(!overwrite, "add_transposed_product: overwrite where the GEMM does not write the accumulator");
   if (a.scalar_type() == into.scalar_type()) {
     into.addmm_(a.t(), b);
     return;
   }
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
-  if (into.is_cuda()) {  // bf16 operands, fp32 accumulation inside the GEMM
-    at::addmm_out(into, into, a.t(), b, into.scalar_type());
-    return;
-  }
-#endif
   into.add_(a.t().mm(b));
 }
 
@@ -118,9 +134,13 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     const torch::Tensor t = all ? labels : labels.index_select(0, index);
     torch::Tensor loss = torch::zeros({}, hidden.options().dtype(acc));
     torch::Tensor grad_h, grad_w;
+    const bool overwrite_first = targets > 0 && gemm_writes_wider(hidden.scalar_type(), acc, hidden.is_cuda());
     if (need_grad) {
       grad_h = torch::empty({targets, hidden.size(1)}, hidden.options());
-      grad_w = torch::zeros(weight.sizes(), weight.options().dtype(acc));
+      // Written by the first chunk's GEMM where it can be (no zeroing pass
+      // over [vocab, dim] fp32), else zeroed and added into.
+      grad_w = overwrite_first ? torch::empty(weight.sizes(), weight.options().dtype(acc))
+                               : torch::zeros(weight.sizes(), weight.options().dtype(acc));
     }
     const int64_t chunk = chunk_rows > 0 ? chunk_rows : std::max<int64_t>(1, kChunkBytes / (vocab * 4));
     const bool fused = fused_softmax(hidden);
@@ -151,7 +171,7 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
       if (!need_grad) continue;
       torch::Tensor grad_rows = grad_h.narrow(0, start, n);
       at::mm_out(grad_rows, g, weight);
-      add_transposed_product(grad_w, g, hc);
+      add_transposed_product(grad_w, g, hc, overwrite_first && start == 0);
     }
     if (need_grad) {
       ctx->saved_data["grad_h"] = grad_h;

@@ -1,0 +1,61 @@
+// The token embedding: torch::embedding's forward, its weight gradient
+// added into the strategy's fp32 buffer on CUDA (see Embedding.h).
+#include "trainer/ops/Embedding.h"
+
+#include <torch/autograd.h>
+
+#include "Dispatch.h"
+
+namespace trainer::ops {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The weight's .grad when it is a buffer the gradient may be added into:
+// fp32, the weight's shape, on its device (undefined otherwise).
+torch::Tensor bound_gradient(const torch::Tensor& weight) {
+  const torch::Tensor& g = weight.grad();
+  if (!gradient_fusion_enabled() || !weight.is_leaf() || !g.defined() || g.scalar_type() != torch::kFloat32 ||
+      g.sizes() != weight.sizes() || g.device() != weight.device()) {
+    return torch::Tensor();
+  }
+  return g;
+}
+
+struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& weight, const torch::Tensor& ids) {
+    ctx->save_for_backward({ids});
+    ctx->saved_data["weight"] = weight;  // the parameter itself, for its .grad
+    ctx->saved_data["vocab"] = weight.size(0);
+    torch::NoGradGuard no_grad;
+    return torch::embedding(weight, ids);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const torch::Tensor ids = ctx->get_saved_variables()[0];
+    const torch::Tensor weight = ctx->saved_data["weight"].toTensor();
+    torch::Tensor bound = bound_gradient(weight);
+    if (bound.defined()) {
+      torch::NoGradGuard no_grad;
+      const torch::Tensor rows = grads[0].reshape({-1, weight.size(1)}).to(torch::kFloat32);
+      bound.index_put_({ids.reshape({-1})}, rows, /*accumulate=*/true);
+      return {torch::Tensor(), torch::Tensor()};
+    }
+    return {at::embedding_backward(grads[0], ids, ctx->saved_data["vocab"].toInt(), /*padding_idx=*/-1,
+                                   /*scale_grad_by_freq=*/false, /*sparse=*/false),
+            torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor embedding(const torch::Tensor& weight, const torch::Tensor& ids) {
+  if (!weight.is_cuda() || !torch::GradMode::is_enabled() || !weight.requires_grad()) {
+    return torch::embedding(weight, ids);
+  }
+  return EmbeddingFunction::apply(weight, ids);
+}
+
+}  // namespace trainer::ops
