@@ -73,6 +73,24 @@ TEST(GradientNorm, SquaredNormAndClipCoefficient) {
   EXPECT_DOUBLE_EQ(clip_coefficient(100.0, 0.0), 1.0);
 }
 
+// total_norm: the buffers' squared_norm results added in order, as a host
+// loop adds them (bit for bit: the same fp64 additions), over buffers with
+// whole chunks of 2^16 and tails, one of them empty; none gives 0.
+TEST(GradientNorm, TotalNormIsTheHostSumOfSquaredNorms) {
+  torch::manual_seed(17);
+  const std::vector<torch::Tensor> flats = {torch::randn({(int64_t(1) << 17) + 5}) * 3, torch::randn({7}),
+                                            torch::zeros({0}), torch::randn({70000}) * 1e-3};
+  double squares = 0.0;
+  for (const torch::Tensor& f : flats) squares += squared_norm(f);
+  EXPECT_EQ(total_norm(flats), std::sqrt(squares));
+  const double wide = flats[0].to(torch::kFloat64).square().sum().item<double>() +
+                      flats[1].to(torch::kFloat64).square().sum().item<double>() +
+                      flats[3].to(torch::kFloat64).square().sum().item<double>();
+  // fp32 chunk sums: relative error ~1e-7 against an fp64 sum of squares.
+  EXPECT_NEAR(total_norm(flats), std::sqrt(wide), 1e-6 * std::sqrt(wide));
+  EXPECT_EQ(total_norm({}), 0.0);
+}
+
 // sharded_norm is collective: a rank that owns nothing must still take part.
 // Without a device it cannot, and says so instead of returning alone (which
 // left the other ranks waiting in their all-reduce).

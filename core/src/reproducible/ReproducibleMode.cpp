@@ -124,11 +124,7 @@ void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& grou
   }
 }
 
-double whole_norm(const std::vector<torch::Tensor>& groups) {
-  double squares = 0.0;
-  for (const torch::Tensor& group : groups) squares += squared_norm(group);
-  return std::sqrt(squares);
-}
+double whole_norm(const std::vector<torch::Tensor>& groups) { return total_norm(groups); }
 
 double ordered_loss_sum(torch::Tensor losses, Comm& comm) {
   if (comm.world_size() > 1) comm.all_reduce_sum(losses);

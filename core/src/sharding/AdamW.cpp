@@ -157,6 +157,14 @@ torch::Tensor squared_norm_on_device(const torch::Tensor& flat) {
 
 double squared_norm(const torch::Tensor& flat) { return squared_norm_on_device(flat).item<double>(); }
 
+double total_norm(const std::vector<torch::Tensor>& flats) {
+  if (flats.empty()) return 0.0;
+  torch::NoGradGuard no_grad;
+  torch::Tensor total = torch::zeros({}, flats.front().options().dtype(torch::kFloat64));
+  for (const torch::Tensor& flat : flats) total += squared_norm_on_device(flat);
+  return std::sqrt(total.item<double>());
+}
+
 double sharded_norm(const std::vector<torch::Tensor>& owned, Comm& comm) {
   if (owned.empty() && comm.world_size() > 1) {
     throw std::logic_error(

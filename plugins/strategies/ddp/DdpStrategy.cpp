@@ -131,9 +131,7 @@ class DdpStrategy final : public Strategy {
       if (bucket.narrow.defined()) bucket.grads.copy_(bucket.narrow);
       bucket.narrow = torch::Tensor();
     }
-    double squares = 0.0;
-    for (const torch::Tensor& grads : grads_) squares += squared_norm(grads);
-    return std::sqrt(squares);
+    return total_norm(grads_);  // one host sync for every group
   }
 
   void apply_update(const UpdateArgs& args) override {

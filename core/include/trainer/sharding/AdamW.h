@@ -57,6 +57,12 @@ void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& 
 /// ranks) to get the norm.
 double squared_norm(const torch::Tensor& flat);
 
+/// The L2 norm of several flat buffers together: each one's squared_norm
+/// (the same chunks) added in order in fp64 on the device, then one read:
+/// the bits of adding squared_norm's results on the host, with one host
+/// sync instead of one per buffer. 0 for none. The buffers share a device.
+double total_norm(const std::vector<torch::Tensor>& flats);
+
 /// The L2 norm of a gradient sharded across ranks: each rank passes the
 /// parts it owns (disjoint across ranks, padding excluded); squares are
 /// summed in fp64 and all-reduced (contract, point 5). Collective: every
