@@ -28,7 +28,6 @@ struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& weight, const torch::Tensor& ids) {
     ctx->save_for_backward({ids});
     ctx->saved_data["weight"] = weight;  // the parameter itself, for its .grad
-    ctx->saved_data["vocab"] = weight.size(0);
     torch::NoGradGuard no_grad;
     return torch::embedding(weight, ids);
   }
@@ -43,7 +42,7 @@ struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
       bound.index_put_({ids.reshape({-1})}, rows, /*accumulate=*/true);
       return {torch::Tensor(), torch::Tensor()};
     }
-    return {at::embedding_backward(grads[0], ids, ctx->saved_data["vocab"].toInt(), /*padding_idx=*/-1,
+    return {at::embedding_backward(grads[0], ids, weight.size(0), /*padding_idx=*/-1,
                                    /*scale_grad_by_freq=*/false, /*sparse=*/false),
             torch::Tensor()};
   }
