@@ -1228,6 +1228,62 @@ TEST(OpsGpu, StochasticRoundingKernelGivesTheCpuBits) {
   EXPECT_TRUE(torch::equal(states[0], states[1])) << "relative difference " << relative_error(states[1], states[0]);
 }
 
+// bf16 state's one-pass update (adamw_update_bf16_state) against the
+// widened path it replaces (with_wide_state: fp32 copies, adamw_update's
+// kernel, stochastic_round; itself held to the CPU's bits above): the same
+// bits of parameters, both moments and the compute copy, over three steps,
+// on more elements than one of with_wide_state's CUDA chunks (2^24), on the
+// vector path (aligned buffers) and the scalar one (one element off), with
+// and without a compute copy. The CPU is left to with_wide_state (false).
+TEST(OpsGpu, Bf16StateAdamWGivesTheBitsOfTheWidenedPath) {
+  REQUIRE_CUDA();
+  const AdamWConfig config{0.9, 0.95, 1e-8, 0.1};
+  const int64_t n = (int64_t(1) << 24) + 1003;
+  for (const int64_t offset : {0, 1}) {
+    for (const bool with_compute : {true, false}) {
+      torch::manual_seed(21);
+      const auto fp32 = torch::TensorOptions().device(kCuda);
+      const torch::Tensor values = torch::randn({n + offset}, fp32);
+      const torch::Tensor exp_avg = (torch::randn({n + offset}, fp32) * 1e-3).to(torch::kBFloat16);
+      const torch::Tensor exp_avg_sq = (torch::randn({n + offset}, fp32) * 1e-3).square().to(torch::kBFloat16);
+      // slices[0]: the widened path; slices[1]: the one-pass kernel.
+      std::vector<UpdateSlice> slices(2);
+      for (UpdateSlice& slice : slices) {
+        slice.group = 2;
+        slice.offset = 777 + offset;
+        slice.decay = true;
+        slice.values = values.clone().narrow(0, offset, n);
+        slice.state = {exp_avg.clone().narrow(0, offset, n), exp_avg_sq.clone().narrow(0, offset, n)};
+        if (with_compute) slice.compute = torch::empty({n + offset}, fp32.dtype(torch::kBFloat16)).narrow(0, offset, n);
+      }
+      for (int64_t step = 1; step <= 3; ++step) {
+        const torch::Tensor grads = torch::randn({n + offset}, fp32).narrow(0, offset, n);
+        slices[0].gradient = grads;
+        with_wide_state(slices[0], step, [&](UpdateSlice& part, int64_t, int64_t) {
+          AdamWState state{part.state.at(0), part.state.at(1)};
+          adamw_update(part.values, part.gradient, state, config, true, 1e-3 * step, step, 0.5, part.compute);
+        });
+        UpdateSlice& fused = slices[1];
+        AdamWState state{fused.state.at(0), fused.state.at(1)};
+        ASSERT_TRUE(adamw_update_bf16_state(fused.values, grads, state, config, true, 1e-3 * step, step, 0.5,
+                                            fused.compute, state_stream(step, 0, fused.group),
+                                            state_stream(step, 1, fused.group), fused.offset));
+      }
+      const std::string at = "offset " + std::to_string(offset) + (with_compute ? ", compute copy" : "");
+      EXPECT_TRUE(torch::equal(slices[1].values, slices[0].values)) << at;
+      EXPECT_TRUE(torch::equal(slices[1].state[0], slices[0].state[0])) << at;
+      EXPECT_TRUE(torch::equal(slices[1].state[1], slices[0].state[1])) << at;
+      if (with_compute) EXPECT_TRUE(torch::equal(slices[1].compute, slices[0].compute)) << at;
+      EXPECT_FALSE(torch::equal(slices[1].values, values.narrow(0, offset, n))) << "nothing was updated";
+    }
+  }
+  // Not CUDA: nothing done, false.
+  torch::Tensor p = torch::zeros({8}), g = torch::ones({8});
+  AdamWState cpu{torch::zeros({8}, torch::kBFloat16), torch::zeros({8}, torch::kBFloat16)};
+  EXPECT_FALSE(adamw_update_bf16_state(p, g, cpu, config, true, 1e-3, 1, 1.0, torch::Tensor(), 1, 2, 0));
+  EXPECT_TRUE(torch::equal(p, torch::zeros({8})));
+}
+
 // Reproducible mode's fused fixed-point kernel (ops/FixedPoint.cu) against
 // the CPU path's LibTorch sequence: the same integers, so the same sum, the
 // same largest magnitude and the same scales, for fp32 and bf16 gradients.

@@ -55,6 +55,58 @@ __global__ void adamw_kernel1(float* p, const float* g, float* m, float* v, __nv
   }
 }
 
+// bf16 moments (adamw_step_bf16_state): a stream's seeds, low and next 31 bits.
+struct Seeds {
+  unsigned long long low, high;
+};
+__host__ inline Seeds seeds_of(uint64_t stream) {
+  return Seeds{stream & 0x7fffffffull, (stream >> 31) & 0x7fffffffull};
+}
+
+__device__ inline void adamw_bf16_element(float& p, float g, __nv_bfloat16& m, __nv_bfloat16& v,
+                                          unsigned long long index, const AdamWScalars& s, Seeds sm, Seeds sv) {
+  float M = __bfloat162float(m), V = __bfloat162float(v);
+  adamw_element(p, g, M, V, s);
+  m = stochastic_bf16(M, rounding_noise(index, sm.low, sm.high));
+  v = stochastic_bf16(V, rounding_noise(index, sv.low, sv.high));
+}
+
+// Vector path: 4 elements per access (16 bytes of the fp32 buffers, 8 of each bf16 one).
+__global__ void adamw_bf16_state_kernel4(float4* p, const float4* g, uint2* m, uint2* v, uint2* out, int64_t packs,
+                                         AdamWScalars s, Seeds sm, Seeds sv, int64_t first_index) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < packs; i += int64_t(gridDim.x) * blockDim.x) {
+    float4 P = p[i];
+    const float4 G = g[i];
+    uint2 Mbits = m[i], Vbits = v[i];
+    __nv_bfloat16* M = reinterpret_cast<__nv_bfloat16*>(&Mbits);
+    __nv_bfloat16* V = reinterpret_cast<__nv_bfloat16*>(&Vbits);
+    const unsigned long long index = static_cast<unsigned long long>(first_index + 4 * i);
+    adamw_bf16_element(P.x, G.x, M[0], V[0], index, s, sm, sv);
+    adamw_bf16_element(P.y, G.y, M[1], V[1], index + 1, s, sm, sv);
+    adamw_bf16_element(P.z, G.z, M[2], V[2], index + 2, s, sm, sv);
+    adamw_bf16_element(P.w, G.w, M[3], V[3], index + 3, s, sm, sv);
+    p[i] = P;
+    m[i] = Mbits;
+    v[i] = Vbits;
+    if (out) {
+      uint2 O;
+      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&O);
+      o[0] = __floats2bfloat162_rn(P.x, P.y);
+      o[1] = __floats2bfloat162_rn(P.z, P.w);
+      out[i] = O;
+    }
+  }
+}
+
+__global__ void adamw_bf16_state_kernel1(float* p, const float* g, __nv_bfloat16* m, __nv_bfloat16* v,
+                                         __nv_bfloat16* out, int64_t n, AdamWScalars s, Seeds sm, Seeds sv,
+                                         int64_t first_index) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    adamw_bf16_element(p[i], g[i], m[i], v[i], static_cast<unsigned long long>(first_index + i), s, sm, sv);
+    if (out) out[i] = __float2bfloat16(p[i]);
+  }
+}
+
 }  // namespace
 
 void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, void* compute_bf16, int64_t n,
@@ -73,6 +125,30 @@ void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_av
   if (done < n) {
     adamw_kernel1<<<blocks_for(n - done, threads), threads, 0, stream>>>(
         params + done, grads + done, exp_avg + done, exp_avg_sq + done, out ? out + done : nullptr, n - done, scalars);
+  }
+}
+
+void adamw_step_bf16_state(float* params, const float* grads, void* exp_avg_bf16, void* exp_avg_sq_bf16,
+                           void* compute_bf16, int64_t n, const AdamWScalars& scalars, uint64_t stream_m,
+                           uint64_t stream_v, int64_t first_index, cudaStream_t stream) {
+  auto* m = static_cast<__nv_bfloat16*>(exp_avg_bf16);
+  auto* v = static_cast<__nv_bfloat16*>(exp_avg_sq_bf16);
+  auto* out = static_cast<__nv_bfloat16*>(compute_bf16);
+  const Seeds sm = seeds_of(stream_m), sv = seeds_of(stream_v);
+  constexpr unsigned threads = 256;
+  const bool vector = aligned(params, 16) && aligned(grads, 16) && aligned(m, 8) && aligned(v, 8) &&
+                      (out == nullptr || aligned(out, 8));
+  const int64_t packs = vector ? n / 4 : 0;
+  if (packs > 0) {
+    adamw_bf16_state_kernel4<<<blocks_for(packs, threads), threads, 0, stream>>>(
+        reinterpret_cast<float4*>(params), reinterpret_cast<const float4*>(grads), reinterpret_cast<uint2*>(m),
+        reinterpret_cast<uint2*>(v), reinterpret_cast<uint2*>(out), packs, scalars, sm, sv, first_index);
+  }
+  const int64_t done = packs * 4;
+  if (done < n) {
+    adamw_bf16_state_kernel1<<<blocks_for(n - done, threads), threads, 0, stream>>>(
+        params + done, grads + done, m + done, v + done, out ? out + done : nullptr, n - done, scalars, sm, sv,
+        first_index + done);
   }
 }
 

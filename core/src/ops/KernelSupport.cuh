@@ -64,6 +64,40 @@ __device__ inline void block_amax(float mine, bool nan, unsigned* amax_bits) {
   }
 }
 
+// Stochastic rounding to bf16 (StochasticRound.cu, and AdamW.cu's bf16
+// state): element `index` of a stream draws 16 random bits from two 31-bit
+// mixes of the index and the stream's low and next 31 bits (`seed_low`,
+// `seed_high`); every product stays below 2^62, as in the CPU path's int64
+// tensors (sharding/LowPrecisionState.cpp), which compute the same bits.
+__device__ inline unsigned long long mix31(unsigned long long x) {
+  x = (x * 0x2c1b3c6dull) & 0x7fffffffull;
+  x ^= x >> 12;
+  x = (x * 0x297a2d39ull) & 0x7fffffffull;
+  return x ^ (x >> 15);
+}
+__device__ inline unsigned rounding_noise(unsigned long long index, unsigned long long seed_low,
+                                          unsigned long long seed_high) {
+  unsigned long long x = mix31((index & 0x7fffffffull) ^ seed_low);
+  x = mix31(x ^ (index >> 31) ^ seed_high);
+  return static_cast<unsigned>(x & 0xffffu);
+}
+// `value` rounded to bf16 away from zero when its 16 dropped bits plus
+// `noise` carry into the kept ones (up with probability equal to the
+// distance over the gap); NaN stays NaN (0x7fc0, whichever NaN came in).
+__device__ inline __nv_bfloat16 stochastic_bf16(float value, unsigned noise) {
+  const unsigned bits = __float_as_uint(value);
+  const unsigned magnitude = bits & 0x7fffffffu;
+  __nv_bfloat16_raw out;
+  if (magnitude > 0x7f800000u) {
+    out.x = 0x7fc0;
+  } else {
+    // Below 2^31 + 2^16: no carry into the sign; +inf (0x7f80....) stays inf.
+    const unsigned rounded = (magnitude + noise) & 0x7fff0000u;
+    out.x = static_cast<unsigned short>(((bits & 0x80000000u) | rounded) >> 16);
+  }
+  return __nv_bfloat16(out);
+}
+
 // Calls f with a typed null pointer of the element type of `dtype`.
 template <typename F>
 void dispatch(Dtype dtype, F&& f) {

@@ -115,6 +115,17 @@ struct AdamWScalars {
 void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, void* compute_bf16, int64_t n,
                 const AdamWScalars& scalars, cudaStream_t stream);
 
+/// adamw_step where the moments are bf16 (an optimizer's bf16 state), in
+/// one pass: each element's moments widened (exactly), updated as
+/// adamw_step updates fp32 ones, and written back rounded as
+/// stochastic_round_bf16 rounds element first_index + i of stream
+/// `stream_m` (exp_avg) and `stream_v` (exp_avg_sq). The bits of widening
+/// copies, adamw_step and two stochastic_round_bf16 passes; 22 bytes an
+/// element (with the compute copy) where those move 54.
+void adamw_step_bf16_state(float* params, const float* grads, void* exp_avg_bf16, void* exp_avg_sq_bf16,
+                           void* compute_bf16, int64_t n, const AdamWScalars& scalars, uint64_t stream_m,
+                           uint64_t stream_v, int64_t first_index, cudaStream_t stream);
+
 /// Reproducible mode's fixed-point step over `n` gradient elements, with
 /// s = *scale read on the device (so a CUDA graph's replay takes the value
 /// of its time): where s != 0, sums[i] += clamp(round_half_even(gradient[i]

@@ -28,6 +28,20 @@ bool own_kernel(const torch::Tensor& params, const torch::Tensor& grads, const A
          (!compute.defined() || (compute.is_cuda() && compute.scalar_type() == torch::kBFloat16 &&
                                  compute.is_contiguous() && compute.numel() == params.numel()));
 }
+
+// The kernels' fp32 scalars of one step.
+ops::kernels::AdamWScalars kernel_scalars(const AdamWConfig& config, bool decay, double lr, double grad_scale,
+                                          double bias_correction1, double bias_correction2) {
+  return ops::kernels::AdamWScalars{
+      static_cast<float>(grad_scale),
+      static_cast<float>(decay && config.weight_decay != 0.0 ? 1.0 - lr * config.weight_decay : 1.0),
+      static_cast<float>(1.0 - config.beta1),
+      static_cast<float>(config.beta2),
+      static_cast<float>(1.0 - config.beta2),
+      static_cast<float>(std::sqrt(bias_correction2)),
+      static_cast<float>(config.eps),
+      static_cast<float>(lr / bias_correction1)};
+}
 #endif
 
 // Contiguous CPU buffers of one dtype and length.
@@ -116,15 +130,8 @@ void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& 
   const double bias_correction2 = 1.0 - std::pow(config.beta2, static_cast<double>(step));
 #ifdef TRAINER_CUDA_KERNELS
   if (own_kernel(params, grads, state, compute)) {
-    const ops::kernels::AdamWScalars scalars{
-        static_cast<float>(grad_scale),
-        static_cast<float>(decay && config.weight_decay != 0.0 ? 1.0 - lr * config.weight_decay : 1.0),
-        static_cast<float>(1.0 - config.beta1),
-        static_cast<float>(config.beta2),
-        static_cast<float>(1.0 - config.beta2),
-        static_cast<float>(std::sqrt(bias_correction2)),
-        static_cast<float>(config.eps),
-        static_cast<float>(lr / bias_correction1)};
+    const ops::kernels::AdamWScalars scalars =
+        kernel_scalars(config, decay, lr, grad_scale, bias_correction1, bias_correction2);
     const ops::KernelLaunch launch("adamw_step", {params, grads, state.exp_avg, state.exp_avg_sq, compute});
     ops::kernels::adamw_step(params.data_ptr<float>(), grads.data_ptr<float>(), state.exp_avg.data_ptr<float>(),
                              state.exp_avg_sq.data_ptr<float>(), compute.defined() ? compute.data_ptr() : nullptr,
@@ -154,6 +161,36 @@ torch::Tensor squared_norm_on_device(const torch::Tensor& flat) {
   return squares;
 }
 }  // namespace
+
+bool adamw_update_bf16_state(torch::Tensor params, const torch::Tensor& grads, AdamWState& state,
+                             const AdamWConfig& config, bool decay, double lr, int64_t step, double grad_scale,
+                             const torch::Tensor& compute, uint64_t stream_m, uint64_t stream_v, int64_t first_index) {
+#ifdef TRAINER_CUDA_KERNELS
+  const auto fits = [&](const torch::Tensor& t, torch::Dtype dtype) {
+    return t.defined() && t.is_cuda() && t.device() == params.device() && t.scalar_type() == dtype &&
+           t.is_contiguous() && t.numel() == params.numel();
+  };
+  if (!fits(params, torch::kFloat32) || !fits(grads, torch::kFloat32) || !fits(state.exp_avg, torch::kBFloat16) ||
+      !fits(state.exp_avg_sq, torch::kBFloat16) || (compute.defined() && !fits(compute, torch::kBFloat16))) {
+    return false;
+  }
+  torch::NoGradGuard no_grad;
+  const double bias_correction1 = 1.0 - std::pow(config.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1.0 - std::pow(config.beta2, static_cast<double>(step));
+  const ops::kernels::AdamWScalars scalars =
+      kernel_scalars(config, decay, lr, grad_scale, bias_correction1, bias_correction2);
+  const ops::KernelLaunch launch("adamw_step_bf16_state", {params, grads, state.exp_avg, state.exp_avg_sq, compute});
+  ops::kernels::adamw_step_bf16_state(params.data_ptr<float>(), grads.data_ptr<float>(), state.exp_avg.data_ptr(),
+                                      state.exp_avg_sq.data_ptr(), compute.defined() ? compute.data_ptr() : nullptr,
+                                      params.numel(), scalars, stream_m, stream_v, first_index, launch.stream());
+  ops::check_launch("adamw_step_bf16_state");
+  return true;
+#else
+  (void)params, (void)grads, (void)state, (void)config, (void)decay, (void)lr, (void)step, (void)grad_scale;
+  (void)compute, (void)stream_m, (void)stream_v, (void)first_index;
+  return false;
+#endif
+}
 
 double squared_norm(const torch::Tensor& flat) { return squared_norm_on_device(flat).item<double>(); }
 

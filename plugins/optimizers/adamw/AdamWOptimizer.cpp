@@ -22,6 +22,16 @@ class AdamWOptimizer final : public Optimizer {
   torch::Dtype state_dtype() const override { return bf16_state_ ? torch::kBFloat16 : torch::kFloat32; }
 
   bool update(UpdateSlice& slice, const UpdateArgs& args) override {
+    if (bf16_state_) {
+      // On CUDA one pass, with the bits of the widened path below
+      // (OpsGpu.Bf16StateAdamWGivesTheBitsOfTheWidenedPath).
+      AdamWState state{slice.state.at(0), slice.state.at(1)};
+      if (adamw_update_bf16_state(slice.values, slice.gradient, state, config_, slice.decay, args.lr, args.adam_step,
+                                  args.grad_scale, slice.compute, state_stream(args.adam_step, 0, slice.group),
+                                  state_stream(args.adam_step, 1, slice.group), slice.offset)) {
+        return true;
+      }
+    }
     with_wide_state(slice, args.adam_step, [&](UpdateSlice& part, int64_t, int64_t) {
       AdamWState state{part.state.at(0), part.state.at(1)};
       adamw_update(part.values, part.gradient, state, config_, part.decay, args.lr, args.adam_step, args.grad_scale,

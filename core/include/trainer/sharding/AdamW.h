@@ -34,21 +34,34 @@ AdamWState adamw_init(const torch::Tensor& like);
 /// arithmetic: decoupled decay p *= 1 - lr*wd (only when `decay`), moments,
 /// bias correction by `step` (1-based), on the gradient times `grad_scale`
 /// (the clipping coefficient). `grads` may be scaled in place. Which code
-/// runs: fp32 on CUDA (LibTorch 2.x) without `compute`, LibTorch's fused
-/// AdamW kernel (one pass over parameters, gradients and moments); with a
-/// bf16 `compute`, the project's kernel (ops/AdamW.cu), which writes the
-/// bf16 copy in the same pass; plain fp32/fp64 CPU buffers, an element-wise
+/// runs: contiguous fp32 buffers on CUDA, the project's kernel (ops/AdamW.cu:
+/// one pass over parameters, gradients and moments, writing a bf16
+/// `compute` in the same pass); other fp32 CUDA buffers (LibTorch 2.x),
+/// LibTorch's fused AdamW kernel; plain fp32/fp64 CPU buffers, an element-wise
 /// loop in torch.optim.AdamW's order, compiled without multiply-add
 /// contraction; anything else, torch.optim.AdamW's single-tensor sequence of
 /// tensor operations. Each path is element-wise, so any slicing of a buffer
-/// into shards gives the same bits on that path; the paths need not agree
-/// with each other in the last place (the CUDA kernels may contract
-/// multiply-adds into FMAs). `compute`, when given (same number of
+/// into shards gives the same bits on that path; the project's kernel and
+/// the CPU loop also agree with each other bit for bit (no contraction into
+/// multiply-adds on either side), LibTorch's paths need not. `compute`, when given (same number of
 /// elements), receives the updated parameters in its dtype: in the same
 /// pass on CUDA, otherwise as a copy after the update.
 void adamw_update(torch::Tensor params, const torch::Tensor& grads, AdamWState& state, const AdamWConfig& config,
                   bool decay, double lr, int64_t step, double grad_scale = 1.0,
                   const torch::Tensor& compute = torch::Tensor());
+
+/// adamw_update where the moments are bf16 (an optimizer's bf16 state,
+/// sharding/LowPrecisionState.h): on CUDA
+/// one kernel pass (ops/AdamW.cu) that widens each element's moments,
+/// updates them as adamw_update's kernel does and writes them back rounded
+/// as stochastic_round rounds element first_index + i of `stream_m`
+/// (exp_avg) and `stream_v` (exp_avg_sq): the bits of with_wide_state
+/// around adamw_update, for 22 bytes an element instead of ~54. False,
+/// having done nothing, where it does not apply (not CUDA, other dtypes or
+/// layouts): the caller then takes with_wide_state.
+bool adamw_update_bf16_state(torch::Tensor params, const torch::Tensor& grads, AdamWState& state,
+                             const AdamWConfig& config, bool decay, double lr, int64_t step, double grad_scale,
+                             const torch::Tensor& compute, uint64_t stream_m, uint64_t stream_v, int64_t first_index);
 
 /// Sum of squares of a flat buffer, returned on the host: fp32 sums over
 /// fixed chunks of 2^16 elements added in fp64 (no fp64 copy of the buffer;
