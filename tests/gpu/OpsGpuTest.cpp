@@ -1273,7 +1273,9 @@ TEST(OpsGpu, Bf16StateAdamWGivesTheBitsOfTheWidenedPath) {
       EXPECT_TRUE(torch::equal(slices[1].values, slices[0].values)) << at;
       EXPECT_TRUE(torch::equal(slices[1].state[0], slices[0].state[0])) << at;
       EXPECT_TRUE(torch::equal(slices[1].state[1], slices[0].state[1])) << at;
-      if (with_compute) EXPECT_TRUE(torch::equal(slices[1].compute, slices[0].compute)) << at;
+      if (with_compute) {
+        EXPECT_TRUE(torch::equal(slices[1].compute, slices[0].compute)) << at;
+      }
       EXPECT_FALSE(torch::equal(slices[1].values, values.narrow(0, offset, n))) << "nothing was updated";
     }
   }
