@@ -294,6 +294,9 @@ def main():
                 name, result = f"trainer {tag}", run_trainer(args, config, work, tag, strategy,
                                                              overrides.split(";") if overrides else [], binary or None)
             runs.setdefault(name, []).append(result)
+            # Each run's figure as it comes, so that a run cut short by a time limit keeps what it measured.
+            print(f"=== {name} (run {run + 1}): " + (f"{result[0]:.0f} tokens/s, {result[1]:.1f} GiB peak"
+                                                      if result else "failed"), file=sys.stderr, flush=True)
             shutil.rmtree(os.path.join(work, f"run-{name.removeprefix('trainer ')}"), ignore_errors=True)
     # Per arm: the run of median speed (its memory and loss beside it), and
     # the spread of the speeds; an arm with a failed run is reported failed.
