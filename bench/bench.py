@@ -38,6 +38,14 @@ metrics.jsonl's for the trainer) show what the tensors need and what
 fragmentation adds. Run from the project root:
 
     python3 bench/bench.py --trainer build-gpu/bin/trainer --shape 0.5b
+
+Each run's figure is printed to stderr as it ends (a run cut short by a
+time limit keeps them), and --json keeps every run. Three runs per arm that
+do not fit one call's time limit: one run per call on the same machine,
+each with --json and the same --commit (a copied tree's git metadata may
+lag), then `bench.py --merge A.json B.json C.json` prints the table of
+all of them (the median and spread per arm; the matmul rate the files'
+median). --merge needs neither torch nor numpy.
 """
 import argparse
 import json
@@ -49,8 +57,11 @@ import tempfile
 import threading
 import time
 
-import numpy as np
-import torch
+try:
+    import numpy as np
+    import torch
+except ImportError:  # --merge needs neither
+    np = torch = None
 
 COMMON = dict(vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
               max_position_embeddings=32768)
@@ -238,6 +249,93 @@ def run_hugging_face(args, config, name, fused, compiled, mode=None):
     return timed * args.micro_batch * args.seq / seconds, peak, loss, (allocated, reserved)
 
 
+def report(args, runs, peak, device, runs_per_arm):
+    """Prints the table of `runs` (arm -> one result per run) and writes it to --json; returns arm -> median run."""
+    per_token, params = flops_per_token(SHAPES[args.shape], args.seq)
+    # Per arm: the run of median speed (its memory and loss beside it), and
+    # the spread of the speeds; an arm with a failed run is reported failed.
+    results, spreads = {}, {}
+    for name, results_of_arm in runs.items():
+        if any(r is None for r in results_of_arm):
+            results[name] = None
+            continue
+        ordered = sorted(results_of_arm, key=lambda r: r[0])
+        results[name] = ordered[len(ordered) // 2]
+        spreads[name] = [r[0] for r in results_of_arm]
+    print(f"\n{FAMILY[args.shape]} {args.shape} shape: {params / 1e9:.3f}B parameters, bf16, micro-batch {args.micro_batch} x "
+          f"{args.seq} tokens, {device}, measured bf16 matmul {peak / 1e12:.0f} TFLOP/s, "
+          f"commit {args.commit}, {runs_per_arm} run(s) per arm (tokens/s: the median, then min-max)")
+    # The peer: the faster of the compiled Hugging Face arms.
+    peers = [r for n, r in results.items() if n in ("compile-fused", "compile-autotune") and r is not None]
+    base = max(peers, key=lambda r: r[0]) if peers else None
+    # The datasheet's dense bf16 peak (the field's MFU convention), for the devices this table knows.
+    datasheet = next((v for k, v in (("H200", 989.4e12), ("H100 PCIe", 756e12), ("H100", 989.4e12), ("A100", 312e12))
+                      if k in device), 0.0)
+    print(f"| run | tokens/s | vs peer | MFU (measured) | MFU (datasheet) | peak GiB | vs peer | allocated / reserved GiB "
+          f"| last loss |")
+    print(f"| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    table = []
+    for name, result in results.items():
+        if result is None:
+            print(f"| {name} | failed | | | | | | | |")
+            continue
+        speed, memory, loss, (allocated, reserved) = result
+        ratio = f"{speed / base[0]:.2f}x" if base else "-"
+        memory_ratio = f"{memory / base[1]:.2f}x" if base else "-"
+        sheet = f"{speed * per_token / datasheet:.1%}" if datasheet else "-"
+        spread = spreads[name]
+        shown = f"{speed:.0f}" + (f" ({min(spread):.0f}-{max(spread):.0f})" if len(spread) > 1 else "")
+        print(f"| {name} | {shown} | {ratio} | {speed * per_token / peak:.1%} | {sheet} | {memory:.1f} "
+              f"| {memory_ratio} | {allocated:.1f} / {reserved:.1f} | {loss:.4f} |")
+        table.append(dict(run=name, tokens_per_second=speed, runs_tokens_per_second=spread,
+                          mfu=speed * per_token / peak,
+                          mfu_datasheet=speed * per_token / datasheet if datasheet else None, peak_gib=memory,
+                          loss=loss, allocated_gib=allocated, reserved_gib=reserved))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(shape=args.shape, commit=args.commit, runs=runs_per_arm, matmul_tflops=peak / 1e12,
+                           device=device, seq=args.seq, micro_batch=args.micro_batch, parameters=params, rows=table,
+                           every_run={name: [list(r[:3]) + [list(r[3])] if r else None for r in results_of_arm]
+                                      for name, results_of_arm in runs.items()}), f, indent=1)
+    return results
+
+
+def merge(args):
+    """--merge: one table from the every_run lists of several --json files of one shape and commit (runs of
+    one machine made by several calls, each under a time limit); the matmul rate is the files' median."""
+    tables = []
+    for path in args.merge:
+        try:
+            with open(path) as f:
+                tables.append(json.load(f))
+        except (OSError, ValueError) as error:
+            print(f"{path}: {error}", file=sys.stderr)
+            sys.exit(2)
+        missing = [key for key in ("every_run", "device", "seq", "micro_batch") if key not in tables[-1]]
+        if missing:
+            print(f"{path}: no {', '.join(missing)}: written by a bench.py older than --merge", file=sys.stderr)
+            sys.exit(2)
+    for key in ("shape", "commit", "device", "seq", "micro_batch"):
+        values = sorted({str(t[key]) for t in tables})
+        if len(values) > 1:
+            print(f"--merge: the files differ in {key} ({', '.join(values)}): one table holds one of each",
+                  file=sys.stderr)
+            sys.exit(2)
+    first = tables[0]
+    args.shape, args.commit, args.seq, args.micro_batch = first["shape"], first["commit"], first["seq"], \
+        first["micro_batch"]
+    runs = {}
+    for t in tables:
+        for name, results_of_arm in t["every_run"].items():
+            runs.setdefault(name, []).extend(tuple(r[:3]) + (tuple(r[3]),) if r else None for r in results_of_arm)
+    rates = sorted(t["matmul_tflops"] for t in tables)
+    counts = sorted({len(r) for r in runs.values()})
+    print(f"merged {len(tables)} files: " + ", ".join(f"{n} {len(r)} run(s)" for n, r in runs.items()),
+          file=sys.stderr)
+    report(args, runs, rates[len(rates) // 2] * 1e12, first["device"],
+           counts[0] if len(counts) == 1 else f"{counts[0]}-{counts[-1]}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trainer", default="build-gpu/bin/trainer")
@@ -258,7 +356,15 @@ def main():
     parser.add_argument("--commit", default=None,
                         help="the commit measured (default: git's HEAD if this is a clone, with -dirty where the "
                              "working tree differs from it, as a copied tree whose git metadata lags does)")
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="measure nothing: one table (and --json) from these --json files of one shape, commit "
+                             "and device, their runs pooled per arm (three calls of one run each: three runs per arm)")
     args = parser.parse_args()
+    if args.merge:
+        merge(args)
+        return
+    if torch is None:
+        sys.exit("bench.py measures with numpy and torch (the GPU machine's Python); only --merge needs neither")
     if args.commit is None:
         git = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True)
         args.commit = git.stdout.strip() if git.returncode == 0 else "unknown"
@@ -271,7 +377,6 @@ def main():
         os.path.join(work, "tokens.bin"))
     peak = matmul_rate()
     args.peak_tflops = peak / 1e12
-    per_token, params = flops_per_token(config, args.seq)
     runs = {}  # arm -> one result per run
     # Round-robin over the arms, so that drift of the machine over the run
     # falls on every arm alike.
@@ -298,56 +403,13 @@ def main():
             print(f"=== {name} (run {run + 1}): " + (f"{result[0]:.0f} tokens/s, {result[1]:.1f} GiB peak"
                                                       if result else "failed"), file=sys.stderr, flush=True)
             shutil.rmtree(os.path.join(work, f"run-{name.removeprefix('trainer ')}"), ignore_errors=True)
-    # Per arm: the run of median speed (its memory and loss beside it), and
-    # the spread of the speeds; an arm with a failed run is reported failed.
-    results, spreads = {}, {}
-    for name, results_of_arm in runs.items():
-        if any(r is None for r in results_of_arm):
-            results[name] = None
-            continue
-        ordered = sorted(results_of_arm, key=lambda r: r[0])
-        results[name] = ordered[len(ordered) // 2]
-        spreads[name] = [r[0] for r in results_of_arm]
-    print(f"\n{FAMILY[args.shape]} {args.shape} shape: {params / 1e9:.3f}B parameters, bf16, micro-batch {args.micro_batch} x "
-          f"{args.seq} tokens, {torch.cuda.get_device_name()}, measured bf16 matmul {peak / 1e12:.0f} TFLOP/s, "
-          f"commit {args.commit}, {args.runs} run(s) per arm (tokens/s: the median, then min-max)")
-    # The peer: the faster of the compiled Hugging Face arms.
-    peers = [r for n, r in results.items() if n in ("compile-fused", "compile-autotune") and r is not None]
-    base = max(peers, key=lambda r: r[0]) if peers else None
-    # The datasheet's dense bf16 peak (the field's MFU convention), for the devices this table knows.
-    device = torch.cuda.get_device_name()
-    datasheet = next((v for k, v in (("H200", 989.4e12), ("H100 PCIe", 756e12), ("H100", 989.4e12), ("A100", 312e12))
-                      if k in device), 0.0)
-    print(f"| run | tokens/s | vs peer | MFU (measured) | MFU (datasheet) | peak GiB | vs peer | allocated / reserved GiB "
-          f"| last loss |")
-    print(f"| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    table = []
-    for name, result in results.items():
-        if result is None:
-            print(f"| {name} | failed | | | | | | | |")
-            continue
-        speed, memory, loss, (allocated, reserved) = result
-        ratio = f"{speed / base[0]:.2f}x" if base else "-"
-        memory_ratio = f"{memory / base[1]:.2f}x" if base else "-"
-        sheet = f"{speed * per_token / datasheet:.1%}" if datasheet else "-"
-        spread = spreads[name]
-        shown = f"{speed:.0f}" + (f" ({min(spread):.0f}-{max(spread):.0f})" if len(spread) > 1 else "")
-        print(f"| {name} | {shown} | {ratio} | {speed * per_token / peak:.1%} | {sheet} | {memory:.1f} "
-              f"| {memory_ratio} | {allocated:.1f} / {reserved:.1f} | {loss:.4f} |")
-        table.append(dict(run=name, tokens_per_second=speed, runs_tokens_per_second=spread,
-                          mfu=speed * per_token / peak,
-                          mfu_datasheet=speed * per_token / datasheet if datasheet else None, peak_gib=memory,
-                          loss=loss, allocated_gib=allocated, reserved_gib=reserved))
+    results = report(args, runs, peak, torch.cuda.get_device_name(), args.runs)
     if args.profile:
         for name in results:
             trace = os.path.join(args.profile, f"{name.removeprefix('trainer ')}.json")
             if os.path.exists(trace):
                 subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "trace_summary.py"), trace,
                                 "--steps", "2"])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(shape=args.shape, commit=args.commit, runs=args.runs, matmul_tflops=peak / 1e12,
-                       parameters=params, rows=table), f, indent=1)
 
 
 if __name__ == "__main__":
