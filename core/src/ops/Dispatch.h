@@ -89,6 +89,13 @@ inline void check_launch(const char* kernel) {
 bool gradient_fusion_enabled();
 void set_gradient_fusion(bool enabled);
 
+/// The weight's .grad where a kernel may add the weight's gradient into it
+/// in fp32 (a buffer a strategy bound): fusion on, the weight a leaf, its
+/// .grad fp32, contiguous, of its shape and on its device; else undefined.
+/// The one test of the fused paths (linear's GEMMs, the norm's kernel, the
+/// embedding's rows, the head's chunks).
+torch::Tensor bound_fp32_gradient(const torch::Tensor& weight);
+
 /// Whether the linear layers (ops::linear, ops::linear_of) compute in FP8
 /// (training.precision = "fp8"): E4M3 forward, E5M2 output gradient, each
 /// tensor with one scale from its largest magnitude, through cuBLASLt's

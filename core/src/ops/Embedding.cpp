@@ -13,17 +13,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The weight's .grad when it is a buffer the gradient may be added into:
-// fp32, the weight's shape, on its device (undefined otherwise).
-torch::Tensor bound_gradient(const torch::Tensor& weight) {
-  const torch::Tensor& g = weight.grad();
-  if (!gradient_fusion_enabled() || !weight.is_leaf() || !g.defined() || g.scalar_type() != torch::kFloat32 ||
-      g.sizes() != weight.sizes() || g.device() != weight.device()) {
-    return torch::Tensor();
-  }
-  return g;
-}
-
 struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& weight, const torch::Tensor& ids) {
     ctx->save_for_backward({ids});
@@ -35,7 +24,7 @@ struct EmbeddingFunction : torch::autograd::Function<EmbeddingFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const torch::Tensor ids = ctx->get_saved_variables()[0];
     const torch::Tensor weight = ctx->saved_data["weight"].toTensor();
-    torch::Tensor bound = bound_gradient(weight);
+    torch::Tensor bound = bound_fp32_gradient(weight);
     if (bound.defined()) {
       torch::NoGradGuard no_grad;
       const torch::Tensor rows = grads[0].reshape({-1, weight.size(1)}).to(torch::kFloat32);

@@ -33,6 +33,15 @@ void set_fp8_keeps_transposed_weights(bool keep) { g_fp8_keep_weights_t.store(ke
 
 bool gradient_fusion_enabled() { return g_gradient_fusion.load(); }
 void set_gradient_fusion(bool enabled) { g_gradient_fusion.store(enabled); }
+
+torch::Tensor bound_fp32_gradient(const torch::Tensor& weight) {
+  const torch::Tensor& g = weight.grad();
+  if (!gradient_fusion_enabled() || !weight.is_leaf() || !g.defined() || g.scalar_type() != torch::kFloat32 ||
+      g.sizes() != weight.sizes() || g.device() != weight.device() || !g.is_contiguous()) {
+    return torch::Tensor();
+  }
+  return g;
+}
 bool fp8_linear_enabled() { return g_fp8_linear.load(); }
 void set_fp8_linear(bool enabled) { g_fp8_linear.store(enabled); }
 bool fp8_linear_available() {
@@ -110,15 +119,12 @@ torch::Tensor stacked(const std::vector<torch::Tensor>& parts) {
 // bf16 rounding of each micro-step's weight gradient. Undefined when not.
 torch::Tensor fused_gradient_target(const std::vector<torch::Tensor>& weights, const torch::Tensor& dy) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
-  if (!dy.is_cuda() || dy.scalar_type() != torch::kBFloat16 || !gradient_fusion_enabled()) return torch::Tensor();
+  if (!dy.is_cuda() || dy.scalar_type() != torch::kBFloat16) return torch::Tensor();
   std::vector<torch::Tensor> grads;
   for (const torch::Tensor& w : weights) {
-    const torch::Tensor& g = w.grad();
-    if (!w.is_leaf() || !g.defined() || g.scalar_type() != torch::kFloat32 || g.sizes() != w.sizes() ||
-        !g.is_contiguous()) {
-      return torch::Tensor();
-    }
-    grads.push_back(g);
+    torch::Tensor g = bound_fp32_gradient(w);
+    if (!g.defined()) return torch::Tensor();
+    grads.push_back(std::move(g));
   }
   return adjacent_view(grads);
 #else

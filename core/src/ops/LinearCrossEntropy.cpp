@@ -203,10 +203,11 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     }
     const torch::Tensor weight = ctx->saved_data["weight"].toTensor();
     ctx->saved_data.erase("weight");
-    const torch::Tensor& bound = weight.grad();
-    if (gradient_fusion_enabled() && weight.is_cuda() && weight.is_leaf() &&
-        weight.scalar_type() != grad_w.scalar_type() && bound.defined() &&
-        bound.scalar_type() == grad_w.scalar_type() && bound.sizes() == grad_w.sizes()) {
+    const torch::Tensor bound =
+        weight.is_cuda() && grad_w.scalar_type() == torch::kFloat32 && weight.scalar_type() != torch::kFloat32
+            ? bound_fp32_gradient(weight)
+            : torch::Tensor();
+    if (bound.defined()) {
       // bf16 weight, fp32 .grad bound by the strategy: added in fp32 in one
       // pass, where a bf16 copy would round the head's gradient and be read
       // again to be widened (autograd then adds nothing: the gradient is undefined).
