@@ -12,7 +12,6 @@
 
 #include "ops/Dispatch.h"
 #include "trainer/Errors.h"
-#include "trainer/sharding/AdamW.h"
 
 // LibTorch 2.1 and later fill new uninitialised tensors under deterministic
 // algorithms, and say so by a switch of their own.
@@ -123,8 +122,6 @@ void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& grou
     }
   }
 }
-
-double whole_norm(const std::vector<torch::Tensor>& groups) { return total_norm(groups); }
 
 double ordered_loss_sum(torch::Tensor losses, Comm& comm) {
   if (comm.world_size() > 1) comm.all_reduce_sum(losses);

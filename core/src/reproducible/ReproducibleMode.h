@@ -64,10 +64,6 @@ void check_gradient_slices_are_views(Strategy& strategy, const std::string& stra
 /// copies are caught even where they happen to equal the sum).
 void install_gradient(Strategy& strategy, const std::vector<torch::Tensor>& groups, const std::string& strategy_name);
 
-/// The L2 norm of the whole gradient, from the whole groups every rank
-/// holds: no sum over ranks, so every rank and split gets the same bits.
-double whole_norm(const std::vector<torch::Tensor>& groups);
-
 /// Collective. `losses` (fp64, one entry per atom of the global batch)
 /// holds this rank's atoms' loss sums at their global positions and zeros
 /// elsewhere; returns the sum of all ranks' entries, added in global order

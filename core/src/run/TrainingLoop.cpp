@@ -173,7 +173,9 @@ void reproducible_reduction(RunParts& run, const std::vector<MicroBatch>& atoms,
   }
   const std::vector<torch::Tensor> gradient = exact.reduce(comm);
   install_gradient(strategy, gradient, run.strategy_name);
-  outcome.grad_norm = whole_norm(gradient);
+  // From the whole groups every rank holds: no sum over ranks, so every
+  // rank and split gets the same bits.
+  outcome.grad_norm = total_norm(gradient);
 }
 
 // One optimizer step: the whole accumulation window is collated first, so
