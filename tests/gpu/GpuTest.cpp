@@ -447,25 +447,29 @@ void expect_the_same_bits(const std::vector<std::string>& dirs, const std::strin
   for (const std::string& dir : dirs) EXPECT_EQ(hash(dir), hash(dirs.front())) << what << " " << dir;
 }
 
-// training.reproducible on CUDA: the (8,1) and (2,4) splits, and another
-// strategy, train the same bits in fp32 and in bf16.
+// training.reproducible on CUDA: the (8,1) and (2,4) splits, and other
+// strategies, train the same bits in fp32, in bf16, and in bf16 with bf16
+// optimizer state (AdamW's one-pass kernel).
 TEST(GpuTraining, ReproducibleSplitsAreBitIdenticalOnCuda) {
   REQUIRE_CUDA();
-  for (const char* precision : {"fp32", "bf16"}) {
+  for (const std::string variant : {"fp32", "bf16", "bf16_state"}) {
+    const std::string precision = variant == "fp32" ? "fp32" : "bf16";
+    const std::string state = variant == "bf16_state" ? " --set optimizer.state_dtype=bf16" : "";
     std::vector<std::string> dirs;
     for (const auto& [strategy, micro, accum] : std::vector<std::tuple<std::string, int, int>>{
              {"ddp", 8, 1}, {"ddp", 2, 4}, {"zero2", 2, 4}, {"zero3", 1, 8}}) {
-      const std::string dir = scratch_dir(std::string("GpuRepro_") + precision + "_" + strategy + "_" +
-                                          std::to_string(micro) + "x" + std::to_string(accum));
-      const auto result = trainer("run " + source_path("configs/quickstart.toml") + " --set run.output_dir=" + dir +
-                                  " --set run.device=cuda --set training.steps=8 --set training.reproducible=true" +
-                                  " --set training.precision=" + precision + " --set strategy.name=" + strategy +
-                                  " --set training.micro_batch_size=" + std::to_string(micro) +
-                                  " --set training.grad_accum_steps=" + std::to_string(accum));
+      const std::string dir = scratch_dir("GpuRepro_" + variant + "_" + strategy + "_" + std::to_string(micro) + "x" +
+                                          std::to_string(accum));
+      const auto result =
+          trainer("run " + source_path("configs/quickstart.toml") + " --set run.output_dir=" + dir +
+                  " --set run.device=cuda --set training.steps=8 --set training.reproducible=true" +
+                  " --set training.precision=" + precision + state + " --set strategy.name=" + strategy +
+                  " --set training.micro_batch_size=" + std::to_string(micro) +
+                  " --set training.grad_accum_steps=" + std::to_string(accum));
       ASSERT_EQ(result.exit_code, 0) << result.output;
       dirs.push_back(dir);
     }
-    expect_the_same_bits(dirs, precision);
+    expect_the_same_bits(dirs, variant);
   }
 }
 

@@ -1,9 +1,10 @@
 // Several GPUs of one host over nccl (label multigpu, apart from gpu): every
 // strategy and hybrid sharding at 2, 4 and 8 ranks against one GPU, each rank
 // on its own device, the conformance kit across ranks (Muon's divided
-// transforms too), resume across world
-// sizes, the fast mode's CUDA graphs at two ranks, and a killed rank ending the job. A test that needs more GPUs than
-// the machine shows fails (never skips): run the label only where they are.
+// transforms too), resume across world sizes, reproducible mode's bits at
+// every world size and strategy, the fast mode's CUDA graphs at two ranks,
+// and a killed rank ending the job. A test that needs more GPUs than the
+// machine shows fails (never skips): run the label only where they are.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -14,6 +15,7 @@
 #include <torch/cuda.h>
 
 #include "TestSupport.h"
+#include "trainer/util/JsonSupport.h"
 
 namespace trainer {
 namespace {
@@ -166,6 +168,48 @@ TEST(MultiGpu, CudaGraphMicroStepsAtTwoRanksTrainLikeEagerOnes) {
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_NE(refused.output.find("cuda_graphs: expected false with strategy 'ddp' at world size 2"), std::string::npos)
       << refused.output;
+}
+
+// training.reproducible over nccl, each rank on its own GPU: splits of one
+// global batch of 8 over 1, 2, 4 and 8 ranks and every strategy train the
+// bits of one GPU (losses at every step, the final weights' hash) in fp32,
+// bf16, and bf16 with bf16 optimizer state (AdamW's one-pass kernel over
+// whatever shards each world size cuts, its stochastic rounding seeded per
+// element: no cut may change a bit).
+TEST(MultiGpu, ReproducibleModeGivesOneGpusBitsAtEveryWorldSizeAndStrategy) {
+  REQUIRE_GPUS(8);
+  const std::vector<std::pair<std::string, std::string>> variants = {
+      {"fp32", "--set training.precision=fp32"},
+      {"bf16", "--set training.precision=bf16"},
+      {"bf16state", "--set training.precision=bf16 --set optimizer.state_dtype=bf16"}};
+  struct Split {
+    std::string strategy;
+    int micro, accum, world;
+  };
+  const std::vector<Split> splits = {
+      {"ddp", 8, 1, 1}, {"ddp", 2, 2, 2}, {"zero1", 4, 1, 2}, {"zero2", 1, 2, 4}, {"zero3", 1, 1, 8}};
+  for (const auto& [label, settings] : variants) {
+    std::string dirs, first_hash;
+    for (const Split& split : splits) {
+      const std::string name = label + "_" + split.strategy + "_" + std::to_string(split.micro) + "x" +
+                               std::to_string(split.accum) + "x" + std::to_string(split.world);
+      const std::string dir = scratch_dir("MultiGpuRepro_" + name);
+      const auto result = trainer(
+          "run " + kQuickstart + kOnCuda + " --set run.output_dir=" + dir + " --set strategy.name=" + split.strategy +
+          " --set training.reproducible=true --set training.steps=8 --set training.micro_batch_size=" +
+          std::to_string(split.micro) + " --set training.grad_accum_steps=" + std::to_string(split.accum) +
+          " --nproc " + std::to_string(split.world) + " " + settings);
+      ASSERT_EQ(result.exit_code, 0) << name << "\n" << result.output;
+      EXPECT_EQ(devices_in(result.output).size(), static_cast<size_t>(split.world)) << name << ": ranks shared a GPU";
+      const std::string hash =
+          Json::parse(read_file(dir + "/summary.json")).at("parameters_xxh3_128").get<std::string>();
+      if (first_hash.empty()) first_hash = hash;
+      EXPECT_EQ(hash, first_hash) << name;
+      dirs += " " + dir;
+    }
+    const auto same = trainer("compare --rtol 0" + dirs);
+    EXPECT_EQ(same.exit_code, 0) << label << "\n" << same.output;
+  }
 }
 
 // TRAINER_FAULT_INJECT=checkpoint-write makes every rank die while writing
