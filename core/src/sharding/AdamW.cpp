@@ -8,6 +8,7 @@
 #include <torch/version.h>
 
 #include "ops/Dispatch.h"
+#include "trainer/sharding/LowPrecisionState.h"
 
 namespace trainer {
 
@@ -190,6 +191,22 @@ bool adamw_update_bf16_state(torch::Tensor params, const torch::Tensor& grads, A
   (void)compute, (void)stream_m, (void)stream_v, (void)first_index;
   return false;
 #endif
+}
+
+void adamw_update_slice(UpdateSlice& slice, const AdamWConfig& config, const UpdateArgs& args) {
+  if (slice.state.at(0).scalar_type() == torch::kBFloat16) {
+    AdamWState state{slice.state.at(0), slice.state.at(1)};
+    if (adamw_update_bf16_state(slice.values, slice.gradient, state, config, slice.decay, args.lr, args.adam_step,
+                                args.grad_scale, slice.compute, state_stream(args.adam_step, 0, slice.group),
+                                state_stream(args.adam_step, 1, slice.group), slice.offset)) {
+      return;
+    }
+  }
+  with_wide_state(slice, args.adam_step, [&](UpdateSlice& part, int64_t, int64_t) {
+    AdamWState state{part.state.at(0), part.state.at(1)};
+    adamw_update(part.values, part.gradient, state, config, part.decay, args.lr, args.adam_step, args.grad_scale,
+                 part.compute);
+  });
 }
 
 double squared_norm(const torch::Tensor& flat) { return squared_norm_on_device(flat).item<double>(); }

@@ -6,7 +6,6 @@
 // checkpoint of format 3 loads as its state.
 #include "trainer/Optimizer.h"
 #include "trainer/sharding/AdamW.h"
-#include "trainer/sharding/LowPrecisionState.h"
 
 namespace {
 
@@ -22,22 +21,10 @@ class AdamWOptimizer final : public Optimizer {
   torch::Dtype state_dtype() const override { return bf16_state_ ? torch::kBFloat16 : torch::kFloat32; }
 
   bool update(UpdateSlice& slice, const UpdateArgs& args) override {
-    if (bf16_state_) {
-      // On CUDA one pass, with the bits of the widened path below
-      // (OpsGpu.Bf16StateAdamWGivesTheBitsOfTheWidenedPath).
-      AdamWState state{slice.state.at(0), slice.state.at(1)};
-      if (adamw_update_bf16_state(slice.values, slice.gradient, state, config_, slice.decay, args.lr, args.adam_step,
-                                  args.grad_scale, slice.compute, state_stream(args.adam_step, 0, slice.group),
-                                  state_stream(args.adam_step, 1, slice.group), slice.offset)) {
-        return true;
-      }
-    }
-    with_wide_state(slice, args.adam_step, [&](UpdateSlice& part, int64_t, int64_t) {
-      AdamWState state{part.state.at(0), part.state.at(1)};
-      adamw_update(part.values, part.gradient, state, config_, part.decay, args.lr, args.adam_step, args.grad_scale,
-                   part.compute);
-    });
-    return true;  // adamw_update writes the compute copy when one is given
+    // bf16 state on CUDA in one pass, with the bits of the widened path
+    // (OpsGpu.Bf16StateAdamWGivesTheBitsOfTheWidenedPath).
+    adamw_update_slice(slice, config_, args);
+    return true;  // the compute copy is written when one is given
   }
 
  private:

@@ -73,19 +73,7 @@ class MuonOptimizer final : public Optimizer {
   }
 
   bool update(UpdateSlice& slice, const UpdateArgs& args) override {
-    if (bf16_state_) {
-      // On CUDA one pass, with the bits of the widened path below (as adamw's).
-      AdamWState state{slice.state.at(0), slice.state.at(1)};
-      if (adamw_update_bf16_state(slice.values, slice.gradient, state, adamw_, slice.decay, args.lr, args.adam_step,
-                                  args.grad_scale, slice.compute, state_stream(args.adam_step, 0, slice.group),
-                                  state_stream(args.adam_step, 1, slice.group), slice.offset)) {
-        return true;
-      }
-    }
-    with_wide_state(slice, args.adam_step, [&](UpdateSlice& s, int64_t, int64_t) {
-      AdamWState state{s.state.at(0), s.state.at(1)};
-      adamw_update(s.values, s.gradient, state, adamw_, s.decay, args.lr, args.adam_step, args.grad_scale, s.compute);
-    });
+    adamw_update_slice(slice, adamw_, args);  // as adamw's update
     return true;
   }
 

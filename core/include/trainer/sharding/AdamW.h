@@ -63,6 +63,13 @@ bool adamw_update_bf16_state(torch::Tensor params, const torch::Tensor& grads, A
                              const AdamWConfig& config, bool decay, double lr, int64_t step, double grad_scale,
                              const torch::Tensor& compute, uint64_t stream_m, uint64_t stream_v, int64_t first_index);
 
+/// AdamW over one UpdateSlice whose state is (exp_avg, exp_avg_sq), of any
+/// state dtype: bf16 moments by adamw_update_bf16_state where it applies,
+/// else by adamw_update inside with_wide_state (LowPrecisionState.h), whose
+/// bits it gives. Writes slice.compute where defined. What the adamw
+/// optimizer's update() is, and Muon's for the parameters it leaves to AdamW.
+void adamw_update_slice(UpdateSlice& slice, const AdamWConfig& config, const UpdateArgs& args);
+
 /// Sum of squares of a flat buffer, returned on the host: fp32 sums over
 /// fixed chunks of 2^16 elements added in fp64 (no fp64 copy of the buffer;
 /// relative error ~1e-7). The chunking depends only on the buffer, so equal
