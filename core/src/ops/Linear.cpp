@@ -42,6 +42,7 @@ torch::Tensor bound_fp32_gradient(const torch::Tensor& weight) {
   }
   return g;
 }
+
 bool fp8_linear_enabled() { return g_fp8_linear.load(); }
 void set_fp8_linear(bool enabled) { g_fp8_linear.store(enabled); }
 bool fp8_linear_available() {
