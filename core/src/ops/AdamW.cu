@@ -55,25 +55,19 @@ __global__ void adamw_kernel1(float* p, const float* g, float* m, float* v, __nv
   }
 }
 
-// bf16 moments (adamw_step_bf16_state): a stream's seeds, low and next 31 bits.
-struct Seeds {
-  unsigned long long low, high;
-};
-__host__ inline Seeds seeds_of(uint64_t stream) {
-  return Seeds{stream & 0x7fffffffull, (stream >> 31) & 0x7fffffffull};
-}
-
+// bf16 moments (adamw_step_bf16_state), rounded with the seeds of their streams.
 __device__ inline void adamw_bf16_element(float& p, float g, __nv_bfloat16& m, __nv_bfloat16& v,
-                                          unsigned long long index, const AdamWScalars& s, Seeds sm, Seeds sv) {
+                                          unsigned long long index, const AdamWScalars& s, StreamSeeds sm,
+                                          StreamSeeds sv) {
   float M = __bfloat162float(m), V = __bfloat162float(v);
   adamw_element(p, g, M, V, s);
-  m = stochastic_bf16(M, rounding_noise(index, sm.low, sm.high));
-  v = stochastic_bf16(V, rounding_noise(index, sv.low, sv.high));
+  m = stochastic_bf16(M, rounding_noise(index, sm));
+  v = stochastic_bf16(V, rounding_noise(index, sv));
 }
 
 // Vector path: 4 elements per access (16 bytes of the fp32 buffers, 8 of each bf16 one).
 __global__ void adamw_bf16_state_kernel4(float4* p, const float4* g, uint2* m, uint2* v, uint2* out, int64_t packs,
-                                         AdamWScalars s, Seeds sm, Seeds sv, int64_t first_index) {
+                                         AdamWScalars s, StreamSeeds sm, StreamSeeds sv, int64_t first_index) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < packs; i += int64_t(gridDim.x) * blockDim.x) {
     float4 P = p[i];
     const float4 G = g[i];
@@ -99,7 +93,7 @@ __global__ void adamw_bf16_state_kernel4(float4* p, const float4* g, uint2* m, u
 }
 
 __global__ void adamw_bf16_state_kernel1(float* p, const float* g, __nv_bfloat16* m, __nv_bfloat16* v,
-                                         __nv_bfloat16* out, int64_t n, AdamWScalars s, Seeds sm, Seeds sv,
+                                         __nv_bfloat16* out, int64_t n, AdamWScalars s, StreamSeeds sm, StreamSeeds sv,
                                          int64_t first_index) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     adamw_bf16_element(p[i], g[i], m[i], v[i], static_cast<unsigned long long>(first_index + i), s, sm, sv);
@@ -134,7 +128,7 @@ void adamw_step_bf16_state(float* params, const float* grads, void* exp_avg_bf16
   auto* m = static_cast<__nv_bfloat16*>(exp_avg_bf16);
   auto* v = static_cast<__nv_bfloat16*>(exp_avg_sq_bf16);
   auto* out = static_cast<__nv_bfloat16*>(compute_bf16);
-  const Seeds sm = seeds_of(stream_m), sv = seeds_of(stream_v);
+  const StreamSeeds sm = stream_seeds(stream_m), sv = stream_seeds(stream_v);
   constexpr unsigned threads = 256;
   const bool vector = aligned(params, 16) && aligned(grads, 16) && aligned(m, 8) && aligned(v, 8) &&
                       (out == nullptr || aligned(out, 8));

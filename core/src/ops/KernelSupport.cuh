@@ -66,19 +66,24 @@ __device__ inline void block_amax(float mine, bool nan, unsigned* amax_bits) {
 
 // Stochastic rounding to bf16 (StochasticRound.cu, and AdamW.cu's bf16
 // state): element `index` of a stream draws 16 random bits from two 31-bit
-// mixes of the index and the stream's low and next 31 bits (`seed_low`,
-// `seed_high`); every product stays below 2^62, as in the CPU path's int64
-// tensors (sharding/LowPrecisionState.cpp), which compute the same bits.
+// mixes of the index and the stream's low and next 31 bits (StreamSeeds);
+// every product stays below 2^62, as in the CPU path's int64 tensors
+// (sharding/LowPrecisionState.cpp), which compute the same bits.
+struct StreamSeeds {
+  unsigned long long low, high;
+};
+__host__ inline StreamSeeds stream_seeds(uint64_t stream) {
+  return StreamSeeds{stream & 0x7fffffffull, (stream >> 31) & 0x7fffffffull};
+}
 __device__ inline unsigned long long mix31(unsigned long long x) {
   x = (x * 0x2c1b3c6dull) & 0x7fffffffull;
   x ^= x >> 12;
   x = (x * 0x297a2d39ull) & 0x7fffffffull;
   return x ^ (x >> 15);
 }
-__device__ inline unsigned rounding_noise(unsigned long long index, unsigned long long seed_low,
-                                          unsigned long long seed_high) {
-  unsigned long long x = mix31((index & 0x7fffffffull) ^ seed_low);
-  x = mix31(x ^ (index >> 31) ^ seed_high);
+__device__ inline unsigned rounding_noise(unsigned long long index, StreamSeeds seeds) {
+  unsigned long long x = mix31((index & 0x7fffffffull) ^ seeds.low);
+  x = mix31(x ^ (index >> 31) ^ seeds.high);
   return static_cast<unsigned>(x & 0xffffu);
 }
 // `value` rounded to bf16 away from zero when its 16 dropped bits plus

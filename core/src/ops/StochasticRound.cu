@@ -11,11 +11,10 @@ namespace {
 
 constexpr unsigned kThreads = 256;
 
-__global__ void stochastic_round_kernel(const float* src, __nv_bfloat16* dst, int64_t n, unsigned long long seed_low,
-                                        unsigned long long seed_high, int64_t first_index) {
+__global__ void stochastic_round_kernel(const float* src, __nv_bfloat16* dst, int64_t n, StreamSeeds seeds,
+                                        int64_t first_index) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    dst[i] =
-        stochastic_bf16(src[i], rounding_noise(static_cast<unsigned long long>(first_index + i), seed_low, seed_high));
+    dst[i] = stochastic_bf16(src[i], rounding_noise(static_cast<unsigned long long>(first_index + i), seeds));
   }
 }
 
@@ -24,9 +23,8 @@ __global__ void stochastic_round_kernel(const float* src, __nv_bfloat16* dst, in
 void stochastic_round_bf16(const float* src, void* dst, int64_t n, uint64_t stream_bits, int64_t first_index,
                            cudaStream_t stream) {
   if (n == 0) return;
-  stochastic_round_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
-      src, static_cast<__nv_bfloat16*>(dst), n, stream_bits & 0x7fffffffull, (stream_bits >> 31) & 0x7fffffffull,
-      first_index);
+  stochastic_round_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(src, static_cast<__nv_bfloat16*>(dst), n,
+                                                                            stream_seeds(stream_bits), first_index);
 }
 
 }  // namespace trainer::ops::kernels
