@@ -13,6 +13,7 @@
 #   tokb    bench/tokenize_bench.py: trainer tokenize against HF tokenizers (same corpus)
 #   bpe     bench/tokenize_bench.py --long-pieces: one-piece documents of 1 kB to 1 MB, ids against HF
 #   probe   bench/update_overlap_probe.py: can an update hide behind GEMMs (PyTorch alone, ~1 minute)
+#   gemm    bench/gemm_rate_probe.py: each GEMM of a step through cuBLAS and cuBLASLt ($GEMM_ARGS, e.g. --shape 0.5b)
 # Extra bench.py arguments: $BENCH_ARGS (e.g. --arms ddp,zero3).
 set -uo pipefail
 out=${OUT:-/tmp/gpu-out}
@@ -55,6 +56,7 @@ for stage in $stages; do
     bpe) python3 bench/tokenize_bench.py --trainer build-gpu/bin/trainer --tokenizer .cache/tokenizers/qwen3 \
            --long-pieces 2>&1 | tail -12 || status=1 ;;
     probe) python3 bench/update_overlap_probe.py 2>&1 | tail -12 || status=1 ;;
+    gemm) python3 bench/gemm_rate_probe.py ${GEMM_ARGS:-} 2>&1 | tee "$out/gemm.txt" | tail -30 || status=1 ;;
     b05|b3) shape=0.5b; [ "$stage" = b3 ] && shape=3b
             python3 bench/bench.py --trainer build-gpu/bin/trainer --shape $shape --json "$out/$stage.json" \
               ${BENCH_ARGS:-} 2>"$out/$stage.err" | tee "$out/$stage.txt" || status=1 ;;
