@@ -13,6 +13,7 @@
 #   tokb    bench/tokenize_bench.py: trainer tokenize against HF tokenizers (same corpus)
 #   bpe     bench/tokenize_bench.py --long-pieces: one-piece documents of 1 kB to 1 MB, ids against HF
 #   probe   bench/update_overlap_probe.py: can an update hide behind GEMMs (PyTorch alone, ~1 minute)
+#   algo    bench/gemm_algo_probe.cu: cuBLASLt's algorithms timed against its heuristic's first ($ALGO_SHAPES)
 #   gemm    bench/gemm_rate_probe.py: each GEMM of a step through cuBLAS and cuBLASLt ($GEMM_ARGS, e.g. --shape 0.5b)
 # Extra bench.py arguments: $BENCH_ARGS (e.g. --arms ddp,zero3).
 set -uo pipefail
@@ -56,6 +57,10 @@ for stage in $stages; do
     bpe) python3 bench/tokenize_bench.py --trainer build-gpu/bin/trainer --tokenizer .cache/tokenizers/qwen3 \
            --long-pieces 2>&1 | tail -12 || status=1 ;;
     probe) python3 bench/update_overlap_probe.py 2>&1 | tail -12 || status=1 ;;
+    algo) nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+          "$nvcc" -std=c++17 -O3 -arch=sm_90 -o "$out/gemm_algo_probe" bench/gemm_algo_probe.cu -lcublasLt || status=1
+          for s in ${ALGO_SHAPES:-3b 0.5b}; do "$out/gemm_algo_probe" "$s" 2>&1 | tee -a "$out/algo.txt" || status=1; done
+          rm -f "$out/gemm_algo_probe" ;;
     gemm) python3 bench/gemm_rate_probe.py ${GEMM_ARGS:-} 2>&1 | tee "$out/gemm.txt" | tail -30 || status=1 ;;
     b05|b3) shape=0.5b; [ "$stage" = b3 ] && shape=3b
             python3 bench/bench.py --trainer build-gpu/bin/trainer --shape $shape --json "$out/$stage.json" \
