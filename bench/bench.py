@@ -6,7 +6,9 @@ Shapes (random init; 0.5b and 3b with tied embeddings and vocab 151936):
   3b    hidden 2048, 36 layers, 16 heads, 2 key/value heads, intermediate 11008
   8b    Llama-3-8B: hidden 4096, 32 layers, 32 heads, 8 key/value heads, intermediate 14336,
         vocab 128256, untied, rope theta 500000, no q/k/v biases (the peer: LlamaForCausalLM)
-Batch: micro-batch 4 x sequence 2048 random tokens, no accumulation.
+Batch: micro-batch 4 x sequence 2048 random tokens, no accumulation (--accumulation N: N
+micro-batches a step for every arm, the trainer's training.grad_accum_steps and the
+peer's loop of N forward/backward passes before its update, each loss divided by N).
 Precision: bf16 compute, fp32 master weights, fp32 gradients and AdamW state
 (trainer's training.precision = "bf16"; Hugging Face: fp32 parameters under
 torch.autocast(bfloat16), the usual mixed precision), SDPA attention, AdamW,
@@ -152,6 +154,7 @@ vocab_size = {config['vocab_size']}
 [training]
 steps = {args.steps}
 micro_batch_size = {args.micro_batch}
+grad_accum_steps = {args.accumulation}
 precision = "bf16"
 max_grad_norm = 1.0
 [optimizer]
@@ -198,7 +201,7 @@ model = ForCausalLM(config).cuda().train()
 if CHECKPOINTING:
     model.gradient_checkpointing_enable()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=FUSED)
-tokens = torch.randint(0, config.vocab_size, (STEPS, MICRO, SEQ + 1), device="cuda")
+tokens = torch.randint(0, config.vocab_size, (STEPS, ACCUMULATION, MICRO, SEQ + 1), device="cuda")
 
 def loss_of(batch):
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -217,22 +220,24 @@ for step in range(STEPS):
         profiler.__enter__()
     if step == WARMUP + (2 if PROFILE else 0):
         torch.cuda.synchronize(); start = time.perf_counter()
-    loss = loss_of(tokens[step])
-    loss.backward()
+    for micro in range(ACCUMULATION):  # the mean over the step's micro-batches (of equal token counts)
+        loss = loss_of(tokens[step, micro]) / ACCUMULATION
+        loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if profiler is not None and step == WARMUP + 1:
         torch.cuda.synchronize(); profiler.__exit__(None, None, None); profiler.export_chrome_trace(PROFILE)
-    if step % 5 == 0: print(f"NAME step {step + 1}: loss {loss.item():.4f}", file=sys.stderr)
+    if step % 5 == 0: print(f"NAME step {step + 1}: loss {loss.item() * ACCUMULATION:.4f}", file=sys.stderr)
 torch.cuda.synchronize()
-print(time.perf_counter() - start, loss.item(), torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30)
+print(time.perf_counter() - start, loss.item() * ACCUMULATION, torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30)
 """
 
 
 def run_hugging_face(args, config, name, fused, compiled, mode=None):
     code = (HUGGING_FACE.replace("CONFIG", repr(config)).replace("STEPS", str(args.steps))
-            .replace("MICRO", str(args.micro_batch)).replace("SEQ", str(args.seq)).replace("WARMUP", str(args.warmup))
+            .replace("MICRO", str(args.micro_batch)).replace("ACCUMULATION", str(args.accumulation))
+            .replace("SEQ", str(args.seq)).replace("WARMUP", str(args.warmup))
             .replace("FUSED", str(fused)).replace("COMPILE", str(compiled)).replace("MODE", repr(mode))
             .replace("NAME", name).replace("FAMILY", FAMILY[args.shape])
             .replace("CHECKPOINTING", str(args.hf_checkpointing))
@@ -246,7 +251,7 @@ def run_hugging_face(args, config, name, fused, compiled, mode=None):
         return None
     seconds, loss, allocated, reserved = (float(x) for x in out.strip().splitlines()[-1].split())
     timed = args.steps - args.warmup - (2 if args.profile else 0)
-    return timed * args.micro_batch * args.seq / seconds, peak, loss, (allocated, reserved)
+    return timed * args.accumulation * args.micro_batch * args.seq / seconds, peak, loss, (allocated, reserved)
 
 
 def report(args, runs, peak, device, runs_per_arm):
@@ -262,8 +267,9 @@ def report(args, runs, peak, device, runs_per_arm):
         ordered = sorted(results_of_arm, key=lambda r: r[0])
         results[name] = ordered[len(ordered) // 2]
         spreads[name] = [r[0] for r in results_of_arm]
+    accumulation = f", {args.accumulation} micro-batches a step" if args.accumulation > 1 else ""
     print(f"\n{FAMILY[args.shape]} {args.shape} shape: {params / 1e9:.3f}B parameters, bf16, micro-batch {args.micro_batch} x "
-          f"{args.seq} tokens, {device}, measured bf16 matmul {peak / 1e12:.0f} TFLOP/s, "
+          f"{args.seq} tokens{accumulation}, {device}, measured bf16 matmul {peak / 1e12:.0f} TFLOP/s, "
           f"commit {args.commit}, {runs_per_arm} run(s) per arm (tokens/s: the median, then min-max)")
     # The peer: the faster of the compiled Hugging Face arms.
     peers = [r for n, r in results.items() if n in ("compile-fused", "compile-autotune") and r is not None]
@@ -294,7 +300,8 @@ def report(args, runs, peak, device, runs_per_arm):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(shape=args.shape, commit=args.commit, runs=runs_per_arm, matmul_tflops=peak / 1e12,
-                           device=device, seq=args.seq, micro_batch=args.micro_batch, parameters=params, rows=table,
+                           device=device, seq=args.seq, micro_batch=args.micro_batch,
+                           accumulation=args.accumulation, parameters=params, rows=table,
                            every_run={name: [list(r[:3]) + [list(r[3])] if r else None for r in results_of_arm]
                                       for name, results_of_arm in runs.items()}), f, indent=1)
     return results
@@ -315,7 +322,9 @@ def merge(args):
         if missing:
             print(f"{path}: no {', '.join(missing)}: written by a bench.py older than --merge", file=sys.stderr)
             sys.exit(2)
-    for key in ("shape", "commit", "device", "seq", "micro_batch"):
+    for t in tables:
+        t.setdefault("accumulation", 1)  # files from before --accumulation: none
+    for key in ("shape", "commit", "device", "seq", "micro_batch", "accumulation"):
         values = sorted({str(t[key]) for t in tables})
         if len(values) > 1:
             print(f"--merge: the files differ in {key} ({', '.join(values)}): one table holds one of each",
@@ -324,6 +333,7 @@ def merge(args):
     first = tables[0]
     args.shape, args.commit, args.seq, args.micro_batch = first["shape"], first["commit"], first["seq"], \
         first["micro_batch"]
+    args.accumulation = first["accumulation"]
     runs = {}
     for t in tables:
         for name, results_of_arm in t["every_run"].items():
@@ -347,6 +357,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--accumulation", type=int, default=1,
+                        help="micro-batches a step, for every arm (the optimizer's cost spread over more tokens)")
     parser.add_argument("--json", help="also write the table here")
     parser.add_argument("--hf-checkpointing", action="store_true",
                         help="Hugging Face arms with gradient checkpointing (the trainer's: an arm's override)")
@@ -372,7 +384,9 @@ def main():
         os.makedirs(args.profile, exist_ok=True)
     config = SHAPES[args.shape]
     work = tempfile.mkdtemp(prefix="bench-")
-    windows = args.steps * args.micro_batch + 1
+    if args.accumulation < 1:
+        sys.exit(f"--accumulation {args.accumulation}: expected at least 1")
+    windows = args.steps * args.accumulation * args.micro_batch + 1
     np.random.default_rng(0).integers(0, config["vocab_size"], windows * args.seq + 1, dtype=np.uint32).tofile(
         os.path.join(work, "tokens.bin"))
     peak = matmul_rate()

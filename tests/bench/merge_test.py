@@ -81,6 +81,7 @@ with open(broken, "w") as f:
     f.write("{")
 for label, args, named in (("another commit", [files[0], write("other.json", commit="def5678")], "commit"),
                            ("another device", [files[0], write("h200.json", device="NVIDIA H200")], "device"),
+                           ("another accumulation", [files[0], write("accum.json", accumulation=8)], "accumulation"),
                            ("an older file", [files[0], old], "old.json"),
                            ("no such file", [os.path.join(tmp, "absent.json")], "absent.json"),
                            ("not JSON", [broken], "broken.json")):
