@@ -42,6 +42,8 @@ def main():
     parser.add_argument("--shape", choices=sorted(SHAPES), default="3b")
     parser.add_argument("--tokens", type=int, default=4 * 2048, help="tokens in a micro-batch (B x T)")
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--uniform", action="store_true",
+                        help="uniform values in [-scale, scale) (gemm_algo_probe.cu's data) instead of normal ones")
     args = parser.parse_args()
     shape = SHAPES[args.shape]
     hidden, inter = shape["hidden_size"], shape["intermediate_size"]
@@ -55,6 +57,8 @@ def main():
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def randn(*size, scale=1.0):
+        if args.uniform:
+            return ((torch.rand(*size, device="cuda", generator=g) * 2 - 1) * scale).to(torch.bfloat16)
         return (torch.randn(*size, device="cuda", generator=g) * scale).to(torch.bfloat16)
 
     linears = {  # name: (in, out, times a step)
