@@ -139,21 +139,19 @@ void probe(cublasLtHandle_t handle, void* workspace, const Gemm& g, Totals& tota
   cudaEventCreate(&start);
   cudaEventCreate(&end);
   float first = -1, best = -1;
-  int best_index = -1, tried = 0;
+  int first_index = -1, best_index = -1, tried = 0;
   for (int i = 0; i < returned; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
     const float ms = time_algo(handle, desc, la, lb, ld, g, results[i].algo, workspace, start, end);
     if (ms < 0) continue;
     ++tried;
-    if (first < 0) first = ms;
+    if (first < 0) first = ms, first_index = i;
     if (best < 0 || ms < best) best = ms, best_index = i;
   }
   const double flops = 2.0 * g.m * g.n * g.k;
   if (first < 0) {
     std::printf("%-34s no algorithm ran\n", g.name);
   } else {
-    int first_index = 0;
-    while (results[first_index].state != CUBLAS_STATUS_SUCCESS) ++first_index;
     int32_t split_k = 1;
     size_t written = 0;
     cublasLtMatmulAlgoConfigGetAttribute(&results[best_index].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k,

@@ -56,7 +56,7 @@ def main():
           f"head chunks of {chunk} rows")
     g = torch.Generator(device="cuda").manual_seed(0)
 
-    def randn(*size, scale=1.0):
+    def values(*size, scale=1.0):
         if args.uniform:
             return ((torch.rand(*size, device="cuda", generator=g) * 2 - 1) * scale).to(torch.bfloat16)
         return (torch.randn(*size, device="cuda", generator=g) * scale).to(torch.bfloat16)
@@ -69,16 +69,16 @@ def main():
     }
     cases = []  # (name, flops, count, fn)
     for name, (k, n, count) in linears.items():
-        w, x, dy = randn(n, k, scale=k ** -0.5), randn(t, k), randn(t, n, scale=1e-3)
+        w, x, dy = values(n, k, scale=k ** -0.5), values(t, k), values(t, n, scale=1e-3)
         grad = torch.zeros(n, k, device="cuda")
         flops = 2 * t * k * n
         cases.append((f"{name} forward [{t}x{k}]x[{k}x{n}]", flops, count, lambda x=x, w=w: x @ w.t()))
         cases.append((f"{name} dgrad", flops, count, lambda dy=dy, w=w: dy @ w))
         cases.append((f"{name} wgrad +=fp32", flops, count,
                       lambda grad=grad, dy=dy, x=x: torch.addmm(grad, dy.t(), x, out_dtype=torch.float32, out=grad)))
-    h, w = randn(chunk, hidden), randn(vocab, hidden, scale=hidden ** -0.5)
+    h, w = values(chunk, hidden), values(vocab, hidden, scale=hidden ** -0.5)
     logits = torch.empty(chunk, vocab, device="cuda")
-    dlogits, wgrad = randn(chunk, vocab, scale=1e-4), torch.zeros(vocab, hidden, device="cuda")
+    dlogits, wgrad = values(chunk, vocab, scale=1e-4), torch.zeros(vocab, hidden, device="cuda")
     flops = 2 * chunk * hidden * vocab
     cases.append((f"head forward fp32 [{chunk}x{hidden}]x[{hidden}x{vocab}]", flops, chunks,
                   lambda: torch.addmm(logits, h, w.t(), out_dtype=torch.float32, beta=0, out=logits)))
@@ -86,7 +86,7 @@ def main():
     cases.append(("head wgrad +=fp32", flops, chunks,
                   lambda: torch.addmm(wgrad, dlogits.t(), h, out_dtype=torch.float32, out=wgrad)))
 
-    a, b = randn(8192, 8192), randn(8192, 8192)
+    a, b = values(8192, 8192), values(8192, 8192)
     libraries = ["cublas", "cublaslt"]
     totals = {lib: 0.0 for lib in libraries}
     print(f"{'GEMM':52s} " + " ".join(f"{lib + ' ms':>11s} {'TFLOP/s':>8s}" for lib in libraries))
