@@ -96,8 +96,7 @@ float time_algo(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatr
 // gradient's beta 1 reads it): copied to the host for comparison.
 std::vector<uint8_t> result_bits(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
                                  cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld, const Gemm& g,
-                                 const cublasLtMatmulAlgo_t& algo, void* workspace, const void* start_d,
-                                 size_t bytes) {
+                                 const cublasLtMatmulAlgo_t& algo, void* workspace, const void* start_d, size_t bytes) {
   const float alpha = 1.0f;
   cudaMemcpy(g.d, start_d, bytes, cudaMemcpyDeviceToDevice);
   check(cublasLtMatmul(handle, desc, &alpha, g.a, la, g.b, lb, &g.beta, g.d, ld, g.d, ld, &algo, workspace,
@@ -162,10 +161,11 @@ void probe(cublasLtHandle_t handle, void* workspace, const Gemm& g, Totals& tota
     const bool same_bits =
         result_bits(handle, desc, la, lb, ld, g, results[first_index].algo, workspace, start_d, bytes) ==
         result_bits(handle, desc, la, lb, ld, g, results[best_index].algo, workspace, start_d, bytes);
-    std::printf("%-34s x%-3d %3d algos  first %8.3f ms %5.0f TFLOP/s  best #%-2d %8.3f ms %5.0f TFLOP/s  %+5.1f%%  "
-                "split-k %d  %s\n",
-                g.name, g.count, tried, first, flops / first / 1e9, best_index, best, flops / best / 1e9,
-                100.0 * (first - best) / first, split_k, same_bits ? "same bits" : "OTHER BITS");
+    std::printf(
+        "%-34s x%-3d %3d algos  first %8.3f ms %5.0f TFLOP/s  best #%-2d %8.3f ms %5.0f TFLOP/s  %+5.1f%%  "
+        "split-k %d  %s\n",
+        g.name, g.count, tried, first, flops / first / 1e9, best_index, best, flops / best / 1e9,
+        100.0 * (first - best) / first, split_k, same_bits ? "same bits" : "OTHER BITS");
     totals.first_ms += first * g.count;
     totals.best_ms += best * g.count;
     totals.flops += flops * g.count;
@@ -240,8 +240,8 @@ int main(int argc, char** argv) {
     std::snprintf(names[li][2], 64, "%s wgrad +=fp32", l.name);
     // Row-major Y[rows, n] = X[rows, k] W[n, k]^T is column-major Y^T (n x rows) = op_T(W) X.
     probe(handle, workspace,
-          Gemm{names[li][0], n, rows, k, CUBLAS_OP_T, CUBLAS_OP_N, w, k, x, k, y, head ? CUDA_R_32F : CUDA_R_16BF,
-               0.0f, l.count},
+          Gemm{names[li][0], n, rows, k, CUBLAS_OP_T, CUBLAS_OP_N, w, k, x, k, y, head ? CUDA_R_32F : CUDA_R_16BF, 0.0f,
+               l.count},
           totals);
     // dX[rows, k] = dY[rows, n] W[n, k]: column-major dX^T (k x rows) = W^T (k x n) dY^T (n x rows).
     probe(handle, workspace,
@@ -254,9 +254,10 @@ int main(int argc, char** argv) {
     cudaFree(x), cudaFree(w), cudaFree(dy), cudaFree(y), cudaFree(dx), cudaFree(grad);
     ++li;
   }
-  std::printf("a step's GEMMs: heuristic's first %.1f ms (%.0f TFLOP/s), fastest %.1f ms (%.0f TFLOP/s): %.1f ms less\n",
-              totals.first_ms, totals.flops / totals.first_ms / 1e9, totals.best_ms, totals.flops / totals.best_ms / 1e9,
-              totals.first_ms - totals.best_ms);
+  std::printf(
+      "a step's GEMMs: heuristic's first %.1f ms (%.0f TFLOP/s), fastest %.1f ms (%.0f TFLOP/s): %.1f ms less\n",
+      totals.first_ms, totals.flops / totals.first_ms / 1e9, totals.best_ms, totals.flops / totals.best_ms / 1e9,
+      totals.first_ms - totals.best_ms);
   const cudaError_t error = cudaDeviceSynchronize();
   if (error != cudaSuccess) {
     std::fprintf(stderr, "gemm_algo_probe: %s\n", cudaGetErrorString(error));
