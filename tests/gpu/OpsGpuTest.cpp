@@ -34,6 +34,17 @@ namespace {
 
 using testing::kCuda;
 
+// The project's cuBLASLt GEMMs on or off for a scope (process-wide).
+struct LtGemms {
+  explicit LtGemms(bool on) : before_(ops::lt_gemms_enabled()) { ops::set_lt_gemms(on); }
+  ~LtGemms() { ops::set_lt_gemms(before_); }
+  LtGemms(const LtGemms&) = delete;
+  LtGemms& operator=(const LtGemms&) = delete;
+
+ private:
+  bool before_;
+};
+
 double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
   const torch::Tensor x = a.to(torch::kCPU, torch::kFloat64), y = b.to(torch::kCPU, torch::kFloat64);
   return ((x - y).norm() / y.norm()).item<double>();
@@ -300,35 +311,40 @@ TEST(OpsGpu, SwiGluKernelMatchesTheCpuPath) {
 // fp32. Reference: sum over micro-steps of dY^T X in fp64 from the same bf16
 // values. bf16 x bf16 products are exact in fp32 and 2 x 300 of them are
 // summed in fp32: relative error a few 1e-7, so 1e-5; a bf16 rounding of each
-// micro-step's gradient (the unfused path) would show as ~2e-3.
+// micro-step's gradient (the unfused path) would show as ~2e-3. Through
+// LibTorch's GEMMs and through the project's cuBLASLt calls alike.
 TEST(OpsGpu, LinearAddsWeightGradientsIntoBoundFp32Buffers) {
   REQUIRE_CUDA();
   torch::manual_seed(4);
   const int64_t in = 64, rows_a = 48, rows_b = 80, tokens = 300;
   const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
-  for (const bool stacked : {true, false}) {
-    const int64_t rows = stacked ? rows_a + rows_b : rows_a;
-    const torch::Tensor flat = (torch::randn({rows * in}) * 0.1).to(bf16);
-    const torch::Tensor buffer = torch::zeros({rows * in}, bf16.dtype(torch::kFloat32));
-    std::vector<torch::Tensor> weights;
-    for (const auto& [offset, r] : std::vector<std::pair<int64_t, int64_t>>{{0, rows_a}, {rows_a, rows_b}}) {
-      if (offset + r > rows) break;
-      torch::Tensor w = flat.narrow(0, offset * in, r * in).view({r, in}).detach().requires_grad_(true);
-      w.mutable_grad() = buffer.narrow(0, offset * in, r * in).view({r, in});
-      weights.push_back(w);
+  for (const bool lt : {false, true}) {
+    const LtGemms library(lt);
+    for (const bool stacked : {true, false}) {
+      const int64_t rows = stacked ? rows_a + rows_b : rows_a;
+      const torch::Tensor flat = (torch::randn({rows * in}) * 0.1).to(bf16);
+      const torch::Tensor buffer = torch::zeros({rows * in}, bf16.dtype(torch::kFloat32));
+      std::vector<torch::Tensor> weights;
+      for (const auto& [offset, r] : std::vector<std::pair<int64_t, int64_t>>{{0, rows_a}, {rows_a, rows_b}}) {
+        if (offset + r > rows) break;
+        torch::Tensor w = flat.narrow(0, offset * in, r * in).view({r, in}).detach().requires_grad_(true);
+        w.mutable_grad() = buffer.narrow(0, offset * in, r * in).view({r, in});
+        weights.push_back(w);
+      }
+      torch::Tensor expected = torch::zeros({rows, in}, torch::kFloat64);
+      for (int micro = 0; micro < 2; ++micro) {
+        const torch::Tensor x = torch::randn({tokens, in}).to(bf16);
+        const torch::Tensor dy = torch::randn({tokens, rows}).to(bf16);
+        ops::linear(x, weights).backward(dy);
+        expected += dy.to(torch::kCPU, torch::kFloat64).t().mm(x.to(torch::kCPU, torch::kFloat64));
+      }
+      for (const torch::Tensor& w : weights) {
+        const void* bound = buffer.data_ptr<float>() + (w.data_ptr<at::BFloat16>() - flat.data_ptr<at::BFloat16>());
+        EXPECT_EQ(static_cast<const void*>(w.grad().data_ptr()), bound) << "the bound buffer was replaced";
+      }
+      EXPECT_LT(relative_error(buffer.view({rows, in}), expected), 1e-5)
+          << (stacked ? "stacked" : "one weight") << (lt ? ", cuBLASLt" : ", LibTorch");
     }
-    torch::Tensor expected = torch::zeros({rows, in}, torch::kFloat64);
-    for (int micro = 0; micro < 2; ++micro) {
-      const torch::Tensor x = torch::randn({tokens, in}).to(bf16);
-      const torch::Tensor dy = torch::randn({tokens, rows}).to(bf16);
-      ops::linear(x, weights).backward(dy);
-      expected += dy.to(torch::kCPU, torch::kFloat64).t().mm(x.to(torch::kCPU, torch::kFloat64));
-    }
-    for (const torch::Tensor& w : weights) {
-      const void* bound = buffer.data_ptr<float>() + (w.data_ptr<at::BFloat16>() - flat.data_ptr<at::BFloat16>());
-      EXPECT_EQ(static_cast<const void*>(w.grad().data_ptr()), bound) << "the bound buffer was replaced";
-    }
-    EXPECT_LT(relative_error(buffer.view({rows, in}), expected), 1e-5) << (stacked ? "stacked" : "one weight");
   }
   // Unbound: autograd's own bf16 gradient, as before.
   torch::Tensor w = (torch::randn({rows_a, in}) * 0.1).to(bf16).requires_grad_(true);
@@ -660,6 +676,59 @@ TEST(OpsGpu, Fp8GemmAddsIntoItsAccumulator) {
                                         a_scale.data_ptr<float>(), d.data_ptr<float>(), rows, rows, inner, stream),
       ops::kernels::GemmResult::unsupported);
   EXPECT_TRUE(torch::equal(d, before));
+}
+
+// ops::lt_gemm (kernels::bf16_gemm): d = A B + beta d in every layout the
+// linear layers and the head use (A or B stored transposed), d bf16 or fp32,
+// beta 0 (d never read: NaN there must not show) and 1, against an fp64
+// product of the same bf16 values. bf16 products are exact in fp32 and 72
+// of them are summed in fp32 (relative 72 x 2^-24 of the sum of
+// magnitudes); a bf16 d rounds once more (2^-8 relative, half an ulp being
+// 2^-9): the bounds 2^-11 of the magnitudes, plus 2^-8 of the result in bf16.
+// Shapes off the tiles (200 x 136 x 72). Operands it cannot take are refused
+// with nothing written, and so is everything with the switch off.
+TEST(OpsGpu, LtGemmGivesTheFp64ProductInEveryLayout) {
+  REQUIRE_CUDA();
+  torch::manual_seed(11);
+  const LtGemms library(true);
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  const int64_t rows = 200, cols = 136, inner = 72;
+  const auto f64 = [](const torch::Tensor& t) { return t.to(torch::kCPU).to(torch::kFloat64); };
+  for (const bool a_t : {false, true}) {
+    for (const bool b_t : {false, true}) {
+      for (const torch::Dtype out : {torch::kBFloat16, torch::kFloat32}) {
+        for (const float beta : {0.0f, 1.0f}) {
+          const torch::Tensor a = a_t ? torch::randn({inner, rows}, bf16) : torch::randn({rows, inner}, bf16);
+          const torch::Tensor b = b_t ? torch::randn({cols, inner}, bf16) : torch::randn({inner, cols}, bf16);
+          const torch::Tensor d0 = (torch::randn({rows, cols}, bf16) * 10).to(out);
+          torch::Tensor d = d0.clone();
+          if (beta == 0.0f) d.fill_(std::numeric_limits<float>::quiet_NaN());
+          const std::string what = std::string(a_t ? "A^T" : "A") + (b_t ? " B^T" : " B") +
+                                   (out == torch::kFloat32 ? " into fp32" : " into bf16") +
+                                   (beta == 0.0f ? ", beta 0" : ", beta 1");
+          ASSERT_TRUE(ops::lt_gemm(d, a, a_t, b, b_t, beta)) << what;
+          const torch::Tensor A = a_t ? f64(a).t() : f64(a), B = b_t ? f64(b).t() : f64(b);
+          const torch::Tensor expected = A.mm(B) + f64(d0) * beta;
+          torch::Tensor bound = (A.abs().mm(B.abs()) + f64(d0).abs() * beta) * std::pow(2.0, -11);
+          if (out == torch::kBFloat16) bound = bound + expected.abs() * std::pow(2.0, -8);
+          const torch::Tensor error = (f64(d) - expected).abs();
+          EXPECT_TRUE((error <= bound).all().item<bool>()) << what << ": largest error " << error.max().item<double>();
+        }
+      }
+    }
+  }
+  const torch::Tensor a = torch::randn({rows, inner}, bf16), b = torch::randn({inner, cols}, bf16);
+  const torch::Tensor d = torch::zeros({rows, cols}, bf16.dtype(torch::kFloat32));
+  const torch::Tensor strided = torch::randn({inner, rows}, bf16).t();  // A, not contiguous
+  EXPECT_FALSE(ops::lt_gemm(d, strided, false, b, false, 0.0f));
+  EXPECT_FALSE(ops::lt_gemm(d, a.to(torch::kFloat16), false, b, false, 0.0f));
+  EXPECT_FALSE(ops::lt_gemm(d, a, false, torch::randn({inner + 1, cols}, bf16), false, 0.0f));  // shapes disagree
+  EXPECT_FALSE(ops::lt_gemm(d.to(torch::kFloat16), a, false, b, false, 0.0f));
+  {
+    const LtGemms off(false);
+    EXPECT_FALSE(ops::lt_gemm(d, a, false, b, false, 0.0f));
+  }
+  EXPECT_TRUE(torch::equal(d, torch::zeros_like(d))) << "a refused product wrote";
 }
 
 // SwiGLU's output cast to E4M3 and written transposed by one kernel

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <random>
 
+#include "ops/Dispatch.h"
 #include "reproducible/ExactGradients.h"
+#include "reproducible/ReproducibleMode.h"
 #include "trainer/Comm.h"
 #include "trainer/Model.h"
 
@@ -201,6 +203,22 @@ TEST(ExactGradients, RestoredExponentsAreCheckedForCount) {
   EXPECT_THROW(exact.set_exponents({1, 2, 3}), std::invalid_argument);
   exact.set_exponents({40, -3});
   EXPECT_EQ(exact.exponents(), (std::vector<int64_t>{40, -3}));
+}
+
+// Reproducible mode's settings turn off what would change its bits (the
+// gradient-accumulation fusion; the project's cuBLASLt GEMMs, whose
+// algorithms are not its format's) and give them back when the run ends.
+TEST(ReproducibleSettings, TurnOffFusionAndTheCublasLtGemmsAndRestoreThem) {
+  const bool fusion = ops::gradient_fusion_enabled();
+  ops::set_lt_gemms(true);
+  {
+    const ReproducibleSettings settings;
+    EXPECT_FALSE(ops::lt_gemms_enabled());
+    EXPECT_FALSE(ops::gradient_fusion_enabled());
+  }
+  EXPECT_TRUE(ops::lt_gemms_enabled());
+  EXPECT_EQ(ops::gradient_fusion_enabled(), fusion);
+  ops::set_lt_gemms(false);
 }
 
 }  // namespace

@@ -89,6 +89,26 @@ inline void check_launch(const char* kernel) {
 bool gradient_fusion_enabled();
 void set_gradient_fusion(bool enabled);
 
+/// Whether bf16 GEMMs on CUDA (the linear layers' three, the head's) run
+/// through the project's cuBLASLt call (kernels::bf16_gemm: the algorithm
+/// cuBLASLt's heuristic ranks first, a 32 MiB workspace per stream) instead
+/// of LibTorch's; training.gemm_library. Off in reproducible mode (LibTorch's
+/// GEMMs are its format's). Process-wide, off until set; set before training starts.
+bool lt_gemms_enabled();
+void set_lt_gemms(bool enabled);
+
+/// d = A B + beta d through kernels::bf16_gemm, where it applies: lt_gemms
+/// on, a CUDA build, `a` and `b` bf16, `d` bf16 or fp32 [rows, cols], all
+/// contiguous on one CUDA device. `a` holds A [rows, inner], or with `a_t`
+/// its transpose; `b` holds B [inner, cols], or with `b_t` its transpose.
+/// False where it does not apply or cuBLASLt offers no algorithm (nothing
+/// ran: the caller runs LibTorch's GEMM); throws where the launch failed.
+bool lt_gemm(const torch::Tensor& d, const torch::Tensor& a, bool a_t, const torch::Tensor& b, bool b_t, float beta);
+
+/// Whether lt_gemm can apply to operands like `a` (lt_gemms on, a CUDA
+/// build, bf16 on CUDA): a test before allocating its output.
+bool lt_gemm_may_apply(const torch::Tensor& a);
+
 /// The weight's .grad where a kernel may add the weight's gradient into it
 /// in fp32 (a buffer a strategy bound): fusion on, the weight a leaf, its
 /// .grad fp32, contiguous, of its shape and on its device; else undefined.

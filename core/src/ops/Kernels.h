@@ -202,6 +202,29 @@ GemmResult fp8_gemm_accumulate(const void* a, bool a_e5m2, const float* a_invers
                                const float* b_inverse_scale, float* d, int64_t rows, int64_t cols, int64_t inner,
                                cudaStream_t stream);
 
+/// A bf16 GEMM through cuBLASLt (bf16_gemm): row-major d [rows, cols] =
+/// A B + beta d, fp32 accumulation. A is [rows, inner], stored so or, with
+/// a_transposed, as its transpose [inner, rows]; B is [inner, cols], stored
+/// so or, with b_transposed, as [cols, inner]; every operand contiguous.
+/// d is bf16 or fp32 (d_fp32); beta 0 never reads it.
+struct Bf16Gemm {
+  const void* a = nullptr;
+  bool a_transposed = false;
+  const void* b = nullptr;
+  bool b_transposed = false;
+  void* d = nullptr;
+  bool d_fp32 = false;
+  int64_t rows = 0, cols = 0, inner = 0;
+  float beta = 0.0f;
+};
+
+/// Runs `g` with the algorithm cuBLASLt's heuristic ranks first for its
+/// shape, layout and alignment (asked once per device and kept), on
+/// `stream` with that stream's workspace. unsupported: nothing launched (no
+/// algorithm, no handle, or a stream capturing a CUDA graph before its
+/// first eager call allocated the workspace); the caller computes it another way.
+GemmResult bf16_gemm(const Bf16Gemm& g, cudaStream_t stream);
+
 /// The CUDA error of the last launch as text, or nullptr when there was none.
 const char* last_error();
 

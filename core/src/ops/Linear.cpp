@@ -20,6 +20,7 @@ namespace trainer::ops {
 
 namespace {
 std::atomic<bool> g_gradient_fusion{true};
+std::atomic<bool> g_lt_gemms{false};
 std::atomic<bool> g_fp8_linear{false};
 std::atomic<bool> g_fp8_keep_weights_t{true};
 std::atomic<bool> g_fp8_rowwise{false};
@@ -33,6 +34,51 @@ void set_fp8_keeps_transposed_weights(bool keep) { g_fp8_keep_weights_t.store(ke
 
 bool gradient_fusion_enabled() { return g_gradient_fusion.load(); }
 void set_gradient_fusion(bool enabled) { g_gradient_fusion.store(enabled); }
+
+bool lt_gemms_enabled() { return g_lt_gemms.load(); }
+void set_lt_gemms(bool enabled) { g_lt_gemms.store(enabled); }
+
+bool lt_gemm_may_apply(const torch::Tensor& a) {
+#ifdef TRAINER_CUDA_KERNELS
+  return lt_gemms_enabled() && a.defined() && a.is_cuda() && a.scalar_type() == torch::kBFloat16;
+#else
+  (void)a;
+  return false;
+#endif
+}
+
+bool lt_gemm(const torch::Tensor& d, const torch::Tensor& a, bool a_t, const torch::Tensor& b, bool b_t, float beta) {
+#ifdef TRAINER_CUDA_KERNELS
+  if (!lt_gemm_may_apply(a) || b.scalar_type() != torch::kBFloat16 || a.dim() != 2 || b.dim() != 2 || d.dim() != 2 ||
+      (d.scalar_type() != torch::kBFloat16 && d.scalar_type() != torch::kFloat32) || b.device() != a.device() ||
+      d.device() != a.device() || !a.is_contiguous() || !b.is_contiguous() || !d.is_contiguous()) {
+    return false;
+  }
+  kernels::Bf16Gemm g;
+  g.rows = a_t ? a.size(1) : a.size(0);
+  g.inner = a_t ? a.size(0) : a.size(1);
+  g.cols = b_t ? b.size(0) : b.size(1);
+  if ((b_t ? b.size(1) : b.size(0)) != g.inner || d.size(0) != g.rows || d.size(1) != g.cols) return false;
+  g.a = a.data_ptr();
+  g.a_transposed = a_t;
+  g.b = b.data_ptr();
+  g.b_transposed = b_t;
+  g.d = d.data_ptr();
+  g.d_fp32 = d.scalar_type() == torch::kFloat32;
+  g.beta = beta;
+  const KernelLaunch launch("bf16_gemm", {a, b, d});
+  const kernels::GemmResult result = kernels::bf16_gemm(g, launch.stream());
+  if (result == kernels::GemmResult::failed) {
+    throw TrainingError("bf16_gemm: cuBLASLt failed to launch a [" + std::to_string(g.rows) + ", " +
+                        std::to_string(g.inner) + "] x [" + std::to_string(g.inner) + ", " + std::to_string(g.cols) +
+                        "] product");
+  }
+  return result == kernels::GemmResult::done;
+#else
+  (void)d, (void)a, (void)a_t, (void)b, (void)b_t, (void)beta;
+  return false;
+#endif
+}
 
 torch::Tensor bound_fp32_gradient(const torch::Tensor& weight) {
   const torch::Tensor& g = weight.grad();
@@ -198,6 +244,28 @@ bool fp8_fits(const torch::Tensor& a, int64_t rows, int64_t inner, int64_t cols)
 #endif
 }
 
+// y = x W^T + b in the compute dtype: without a bias through the
+// project's cuBLASLt call where it applies (lt_gemm), else LibTorch's linear.
+torch::Tensor plain_product(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  if (!b.defined() && lt_gemm_may_apply(x) && x.is_contiguous() && w.dim() == 2 && x.dim() >= 1 &&
+      x.size(-1) == w.size(1)) {
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes.back() = w.size(0);
+    torch::Tensor y = torch::empty(sizes, x.options());
+    if (lt_gemm(y.view({-1, w.size(0)}), x.view({-1, w.size(1)}), false, w, /*b_t=*/true, 0.0f)) return y;
+  }
+  return torch::linear(x, w, b);
+}
+
+// dY W ([rows, out] x [out, in]) through lt_gemm where it applies, else LibTorch's mm.
+torch::Tensor input_gradient(const torch::Tensor& dy, const torch::Tensor& w) {
+  if (lt_gemm_may_apply(dy) && dy.is_contiguous() && w.dim() == 2 && dy.size(1) == w.size(0)) {
+    torch::Tensor dx = torch::empty({dy.size(0), w.size(1)}, dy.options());
+    if (lt_gemm(dx, dy, false, w, false, 0.0f)) return dx;
+  }
+  return dy.mm(w);
+}
+
 // y = x W^T + b: in FP8 where fp8_fits (E4M3 both, the GEMM's fast
 // accumulation as the forward's is in the field's FP8 recipes), else LibTorch's linear.
 // In FP8, `scales` (when given) receives x's and W's scales, for the backward.
@@ -215,7 +283,7 @@ Fp8Tensor quantize_both(const torch::Tensor& t, bool e5m2, torch::Tensor* transp
 torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                       Fp8Scales* scales = nullptr, bool keep_w_t = false) {
   const int64_t inner = w.size(1), cols = w.size(0), rows = inner > 0 ? x.numel() / inner : 0;
-  if (!fp8_fits(x, rows, inner, cols) || w.scalar_type() != torch::kBFloat16) return torch::linear(x, w, b);
+  if (!fp8_fits(x, rows, inner, cols) || w.scalar_type() != torch::kBFloat16) return plain_product(x, w, b);
 #ifdef TRAINER_FP8_LINEAR
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = cols;
@@ -424,13 +492,15 @@ LinearGrads linear_backward(const torch::Tensor& dy_in, const torch::Tensor& x, 
     if (need_dx) {
       // Per row in FP8 where the forward ran so; the weight gradient below stays bf16.
       const torch::Tensor rowwise = rowwise_input_gradient(dy, w, scales);
-      out.dx = (rowwise.defined() ? rowwise : dy.mm(w)).view(x_sizes);
+      out.dx = (rowwise.defined() ? rowwise : input_gradient(dy, w)).view(x_sizes);
     }
     const torch::Tensor x2 = (x.defined() ? x : x_from_dx(out.dx)).reshape({-1, w.size(1)});
     if (into.defined()) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
       torch::NoGradGuard no_grad;
-      at::addmm_out(into, into, dy.t(), x2, torch::kFloat32);
+      if (!lt_gemm(into, dy, /*a_t=*/true, x2, /*b_t=*/false, /*beta=*/1.0f)) {
+        at::addmm_out(into, into, dy.t(), x2, torch::kFloat32);
+      }
 #endif
     } else {
       dw = dy.t().mm(x2);
@@ -748,7 +818,7 @@ torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& w
   const bool may_fuse =
       x.is_cuda() && x.scalar_type() == torch::kBFloat16 && (torch::GradMode::is_enabled() || fp8_linear_enabled());
   if (weights.size() == 1 && !may_fuse) {
-    return torch::linear(x, weights[0], biases.empty() ? torch::Tensor() : biases[0]);
+    return plain_product(x, weights[0], biases.empty() ? torch::Tensor() : biases[0]);
   }
   return StackedLinearFunction::apply(x, at::TensorList(weights), at::TensorList(biases),
                                       torch::GradMode::is_enabled() && keeps_w_t(weights));

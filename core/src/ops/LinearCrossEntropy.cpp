@@ -50,6 +50,7 @@ void add_transposed_product(torch::Tensor& into, const torch::Tensor& a, const t
   if (gemm_writes_wider(a.scalar_type(), into.scalar_type(), into.is_cuda())) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
     // bf16 operands, fp32 accumulation inside the GEMM; beta 0 neither reads nor propagates what was there.
+    if (lt_gemm(into, a, /*a_t=*/true, b, /*b_t=*/false, overwrite ? 0.0f : 1.0f)) return;
     at::addmm_out(into, into, a.t(), b, into.scalar_type(), /*beta=*/overwrite ? 0 : 1, /*alpha=*/1);
 #endif
     return;
@@ -80,6 +81,7 @@ torch::Tensor logits_in_fp32(const torch::Tensor& hidden, const torch::Tensor& w
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
   torch::Tensor out = torch::empty({hidden.size(0), weight.size(0)}, hidden.options().dtype(torch::kFloat32));
   // beta = 0: the uninitialised `out` is not read.
+  if (lt_gemm(out, hidden, /*a_t=*/false, weight, /*b_t=*/true, 0.0f)) return out;
   at::addmm_out(out, out, hidden, weight.t(), torch::kFloat32, /*beta=*/0, /*alpha=*/1);
   return out;
 #else
@@ -170,7 +172,7 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
       }
       if (!need_grad) continue;
       torch::Tensor grad_rows = grad_h.narrow(0, start, n);
-      at::mm_out(grad_rows, g, weight);
+      if (!lt_gemm(grad_rows, g, /*a_t=*/false, weight, /*b_t=*/false, 0.0f)) at::mm_out(grad_rows, g, weight);
       add_transposed_product(grad_w, g, hc, overwrite_first && start == 0);
     }
     if (need_grad) {

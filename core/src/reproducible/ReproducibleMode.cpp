@@ -23,6 +23,7 @@ ReproducibleSettings::ReproducibleSettings()
     : deterministic_(at::globalContext().deterministicAlgorithms()),
       warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()),
       fusion_(ops::gradient_fusion_enabled()),
+      lt_gemms_(ops::lt_gemms_enabled()),
       threads_(at::get_num_threads()) {
 #if TRAINER_FILL_SWITCH
   fill_ = at::globalContext().deterministicFillUninitializedMemory();
@@ -42,6 +43,7 @@ ReproducibleSettings::ReproducibleSettings()
 #endif
   at::set_num_threads(1);
   ops::set_gradient_fusion(false);
+  ops::set_lt_gemms(false);  // LibTorch's GEMMs: the bits of the mode's format
 }
 
 ReproducibleSettings::~ReproducibleSettings() {
@@ -51,6 +53,7 @@ ReproducibleSettings::~ReproducibleSettings() {
 #endif
   at::set_num_threads(threads_);
   ops::set_gradient_fusion(fusion_);
+  ops::set_lt_gemms(lt_gemms_);
 }
 
 int run_exact_passes(ExactGradients& exact, Strategy& strategy, Comm& comm, int64_t count,

@@ -21,7 +21,8 @@ namespace trainer {
 /// fixed workspace (CUBLAS_WORKSPACE_CONFIG=:4096:8 unless already set), one
 /// intra-op thread on the CPU (ATen's CPU reductions split their sums by
 /// thread count, which differs with the ranks per machine), and no
-/// gradient-accumulation fusion (ops/Dispatch.h), and (LibTorch 2.1 and
+/// gradient-accumulation fusion and LibTorch's GEMMs rather than the
+/// project's cuBLASLt calls (ops/Dispatch.h), and (LibTorch 2.1 and
 /// later) no filling of new uninitialised tensors, which the deterministic
 /// switch would otherwise turn on (a cost, never a bit). Restores the previous
 /// settings when destroyed. Construct before any CUDA work.
@@ -33,7 +34,7 @@ class ReproducibleSettings {
   ReproducibleSettings& operator=(const ReproducibleSettings&) = delete;
 
  private:
-  bool deterministic_ = false, warn_only_ = false, fusion_ = true, fill_ = true;
+  bool deterministic_ = false, warn_only_ = false, fusion_ = true, lt_gemms_ = false, fill_ = true;
   int threads_ = 1;
 };
 

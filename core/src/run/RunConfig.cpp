@@ -43,6 +43,7 @@ RunConfig run_config(const Recipe& recipe, int world_size) {
   config.shape = batch_shape(recipe, world_size);
   const std::string precision = recipe.training.text("precision");
   config.fp8 = precision == "fp8";
+  config.lt_gemms = recipe.training.text("gemm_library") == "cublaslt";
   config.compute_dtype = precision == "bf16" || config.fp8 ? torch::kBFloat16 : torch::kFloat32;
   config.reproducible = recipe.training.boolean("reproducible");
   config.fp8_rowwise = recipe.training.text("fp8_scaling") == "rowwise";

@@ -56,6 +56,7 @@ struct RunConfig {
   torch::Dtype compute_dtype = torch::kFloat32;  ///< training.precision (bf16 for "fp8")
   bool fp8 = false;                              ///< training.precision = "fp8": linear layers in FP8
   bool fp8_rowwise = false;                      ///< training.fp8_scaling = "rowwise"
+  bool lt_gemms = true;                          ///< training.gemm_library = "cublaslt"
   bool reproducible = false;
   int64_t reproducible_atom = 1;  ///< samples per forward and backward in reproducible mode
   bool cuda_graphs = false;       ///< training.cuda_graphs: forward and backward passes replayed from CUDA graphs

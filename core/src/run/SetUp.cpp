@@ -69,6 +69,8 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
     log::info(fmt::format("rank {} (local rank {}) computes on {}", world.rank, world.local_rank, run.device.str()));
   }
   ops::set_fp8_linear(config.fp8);
+  // Reproducible mode's settings (above) turned them off; they stay off.
+  ops::set_lt_gemms(config.lt_gemms && !config.reproducible);
   ops::set_fp8_rowwise_scaling(config.fp8 && config.fp8_rowwise);
   if (config.fp8 && config.fp8_rowwise) {
     log::info(
