@@ -731,6 +731,49 @@ TEST(OpsGpu, LtGemmGivesTheFp64ProductInEveryLayout) {
   EXPECT_TRUE(torch::equal(d, torch::zeros_like(d))) << "a refused product wrote";
 }
 
+// training.gemm_library = "cublaslt-timed": at a shape's first call the
+// fastest of the heuristic's first eight algorithms that writes the
+// first-ranked one's bits, so every result has the untimed path's bits.
+// The shapes of a 0.5B step (the head's input gradient, whose fastest
+// candidate on an H100 is a split-K kernel with other bits; a forward; an
+// fp32 weight gradient added with beta 1), each timed call twice (the
+// choice made, then kept); the input operands are never written.
+TEST(OpsGpu, TimedLtGemmKeepsTheFirstAlgorithmsBits) {
+  REQUIRE_CUDA();
+  torch::manual_seed(12);
+  const LtGemms library(true);
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  struct Case {
+    const char* what;
+    int64_t rows, cols, inner;
+    bool a_t, b_t;
+    torch::Dtype out;
+    float beta;
+  };
+  const Case cases[] = {{"head input gradient", 2048, 896, 151936, false, false, torch::kBFloat16, 0.0f},
+                        {"gate/up forward", 8192, 9728, 896, false, true, torch::kBFloat16, 0.0f},
+                        {"down weight gradient", 896, 4864, 8192, true, false, torch::kFloat32, 1.0f}};
+  const auto bits = [](const torch::Tensor& t) {
+    return t.view(t.scalar_type() == torch::kFloat32 ? torch::kInt32 : torch::kInt16);
+  };
+  for (const Case& c : cases) {
+    const torch::Tensor a = c.a_t ? torch::randn({c.inner, c.rows}, bf16) : torch::randn({c.rows, c.inner}, bf16);
+    const torch::Tensor b = c.b_t ? torch::randn({c.cols, c.inner}, bf16) : torch::randn({c.inner, c.cols}, bf16);
+    const torch::Tensor a0 = a.clone(), b0 = b.clone();
+    const torch::Tensor d0 = torch::randn({c.rows, c.cols}, bf16).to(c.out);
+    torch::Tensor first = d0.clone();
+    ASSERT_TRUE(ops::lt_gemm(first, a, c.a_t, b, c.b_t, c.beta)) << c.what;
+    ops::set_lt_gemm_timing(true);
+    torch::Tensor timed = d0.clone(), again = d0.clone();
+    const bool ran = ops::lt_gemm(timed, a, c.a_t, b, c.b_t, c.beta) && ops::lt_gemm(again, a, c.a_t, b, c.b_t, c.beta);
+    ops::set_lt_gemm_timing(false);
+    ASSERT_TRUE(ran) << c.what;
+    EXPECT_TRUE(torch::equal(bits(timed), bits(first))) << c.what << ": the timed choice wrote other bits";
+    EXPECT_TRUE(torch::equal(bits(again), bits(first))) << c.what << ": the kept choice wrote other bits";
+    EXPECT_TRUE(torch::equal(bits(a), bits(a0)) && torch::equal(bits(b), bits(b0))) << c.what << ": an operand changed";
+  }
+}
+
 // SwiGLU's output cast to E4M3 and written transposed by one kernel
 // (recomputed in swiglu_linear's FP8 backward) is LibTorch's own cast
 // (round to nearest even) of the bf16 output swiglu's kernel writes, scaled

@@ -2,6 +2,8 @@
 // file, the line or --set, the key and what was expected.
 #include "recipe/Recipe.h"
 
+#include "run/RunConfig.h"
+
 #include <gtest/gtest.h>
 
 #include "TestSupport.h"
@@ -199,6 +201,24 @@ TEST_F(RecipeTest, GlobalBatchSizeDerivesAccumulation) {
   const Recipe clash =
       load(std::string(kMinimal) + "[training]\nmicro_batch_size = 2\ngrad_accum_steps = 3\nglobal_batch_size = 8\n");
   EXPECT_THROW(batch_shape(clash, 1), InputError);
+}
+
+// training.gemm_library reaches the run's settings: cuBLASLt's GEMMs by
+// default, timed only where asked, LibTorch's where named; other values refused.
+TEST_F(RecipeTest, GemmLibraryChoosesTheGemmsAndTheirTiming) {
+  const std::string bf16 = std::string(kMinimal) + "[training]\nprecision = \"bf16\"\n";
+  const RunConfig plain = run_config(load(bf16), 1);
+  EXPECT_TRUE(plain.lt_gemms);
+  EXPECT_FALSE(plain.lt_gemm_timing);
+  const RunConfig timed = run_config(load(bf16, {"training.gemm_library=cublaslt-timed"}), 1);
+  EXPECT_TRUE(timed.lt_gemms);
+  EXPECT_TRUE(timed.lt_gemm_timing);
+  const RunConfig libtorch = run_config(load(bf16, {"training.gemm_library=libtorch"}), 1);
+  EXPECT_FALSE(libtorch.lt_gemms);
+  EXPECT_FALSE(libtorch.lt_gemm_timing);
+  const std::string error = error_of(bf16, {"training.gemm_library=cublas"});
+  EXPECT_NE(error.find("gemm_library"), std::string::npos) << error;
+  EXPECT_NE(error.find("cublaslt-timed"), std::string::npos) << error;
 }
 
 TEST(ClosestKey, FindsNearMissesOnly) {

@@ -97,6 +97,13 @@ void set_gradient_fusion(bool enabled);
 bool lt_gemms_enabled();
 void set_lt_gemms(bool enabled);
 
+/// Whether those GEMMs time up to eight of cuBLASLt's algorithms at each
+/// shape's first call and keep the fastest that writes the first-ranked
+/// one's bits there (training.gemm_library = "cublaslt-timed"). Process-wide,
+/// off until set; set before training starts.
+bool lt_gemm_timing();
+void set_lt_gemm_timing(bool timed);
+
 /// d = A B + beta d through kernels::bf16_gemm, where it applies: lt_gemms
 /// on, a CUDA build, `a` and `b` bf16, `d` bf16 or fp32 [rows, cols], all
 /// contiguous on one CUDA device. `a` holds A [rows, inner], or with `a_t`

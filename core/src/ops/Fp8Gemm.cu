@@ -13,11 +13,13 @@
 // second the row-major [rows, inner] `a` (column-major [inner, rows]).
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "Kernels.h"
 
@@ -36,8 +38,8 @@ uint32_t alignment_of(const void* p) {
 }
 
 using AlgoKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, uint32_t, uint32_t, uint32_t>;
-// bf16_gemm's: rows, cols, inner, a and b transposed, d fp32, beta nonzero, the three alignments.
-using Bf16Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, bool, uint32_t, uint32_t, uint32_t>;
+// bf16_gemm's: rows, cols, inner, a and b transposed, d fp32, beta nonzero, timed, the three alignments.
+using Bf16Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, bool, bool, uint32_t, uint32_t, uint32_t>;
 
 // One per device: the handle, a workspace per stream (kernels on one
 // stream run in order, so a call never overlaps the previous one's use),
@@ -102,13 +104,13 @@ DeviceState* device_state(cudaStream_t stream, void** workspace_out) {
   return &state;
 }
 
-// The algorithm cuBLASLt's heuristic ranks first for these layouts (`d`
-// also C's) within the workspace, for operands of these alignments; nullptr
-// where it offers none.
-std::unique_ptr<cublasLtMatmulAlgo_t> first_algorithm(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
-                                                      cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
-                                                      cublasLtMatrixLayout_t d, uint32_t align_a, uint32_t align_b,
-                                                      uint32_t align_d) {
+// The algorithms cuBLASLt's heuristic offers for these layouts (`d` also
+// C's) within the workspace, for operands of these alignments, best-ranked
+// first, at most `limit`; none where it offers none.
+std::vector<cublasLtMatmulAlgo_t> ranked_algorithms(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                                    cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                                    cublasLtMatrixLayout_t d, uint32_t align_a, uint32_t align_b,
+                                                    uint32_t align_d, int limit) {
   Preference preference;
   const uint64_t workspace_bytes = kWorkspaceBytes;
   bool set = cublasLtMatmulPreferenceCreate(&preference.preference) == CUBLAS_STATUS_SUCCESS;
@@ -122,15 +124,145 @@ std::unique_ptr<cublasLtMatmulAlgo_t> first_algorithm(cublasLtHandle_t handle, c
                                                     &align_d, sizeof(align_d)) == CUBLAS_STATUS_SUCCESS;
   set = set && cublasLtMatmulPreferenceSetAttribute(preference.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                     &align_d, sizeof(align_d)) == CUBLAS_STATUS_SUCCESS;
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(size_t(std::max(limit, 1)));
   int count = 0;
-  if (set &&
-      cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, preference.preference, 1, &result, &count) ==
-          CUBLAS_STATUS_SUCCESS &&
-      count > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-    return std::make_unique<cublasLtMatmulAlgo_t>(result.algo);
+  std::vector<cublasLtMatmulAlgo_t> ranked;
+  if (set && cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, preference.preference, int(results.size()),
+                                            results.data(), &count) == CUBLAS_STATUS_SUCCESS) {
+    for (int i = 0; i < count; ++i) {
+      if (results[size_t(i)].state == CUBLAS_STATUS_SUCCESS) ranked.push_back(results[size_t(i)].algo);
+    }
   }
-  return nullptr;
+  return ranked;
+}
+
+std::unique_ptr<cublasLtMatmulAlgo_t> first_algorithm(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                                      cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                                      cublasLtMatrixLayout_t d, uint32_t align_a, uint32_t align_b,
+                                                      uint32_t align_d) {
+  const std::vector<cublasLtMatmulAlgo_t> ranked =
+      ranked_algorithms(handle, desc, a, b, d, align_a, align_b, align_d, 1);
+  return ranked.empty() ? nullptr : std::make_unique<cublasLtMatmulAlgo_t>(ranked.front());
+}
+
+// How many of the n 16-bit words of x and y differ, added into *count.
+__global__ void count_unequal_kernel(const uint16_t* x, const uint16_t* y, int64_t n, unsigned long long* count) {
+  unsigned long long local = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    local += x[i] != y[i] ? 1 : 0;
+  }
+  if (local != 0) atomicAdd(count, local);
+}
+
+constexpr int kTimedCandidates = 8;
+constexpr int kTimedRepeats = 3;
+
+size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+size_t output_bytes(const Bf16Gemm& g) { return size_t(g.rows) * size_t(g.cols) * (g.d_fp32 ? 4 : 2); }
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
+}
+
+// g's descriptors: the row-major product as cuBLASLt's column-major one (see bf16_gemm).
+struct Bf16Descriptors {
+  MatmulDesc op;
+  Layout first, second, out;
+};
+
+bool describe(const Bf16Gemm& g, Bf16Descriptors& d) {
+  const cublasOperation_t op_b = g.b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = g.a_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const uint64_t m = uint64_t(g.cols), n = uint64_t(g.rows), k = uint64_t(g.inner);
+  bool ok = cublasLtMatmulDescCreate(&d.op.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS;
+  ok = ok && cublasLtMatmulDescSetAttribute(d.op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)) ==
+                 CUBLAS_STATUS_SUCCESS;
+  ok = ok && cublasLtMatmulDescSetAttribute(d.op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)) ==
+                 CUBLAS_STATUS_SUCCESS;
+  ok = ok && cublasLtMatrixLayoutCreate(&d.first.layout, CUDA_R_16BF, g.b_transposed ? k : m, g.b_transposed ? m : k,
+                                        int64_t(g.b_transposed ? k : m)) == CUBLAS_STATUS_SUCCESS;
+  ok = ok && cublasLtMatrixLayoutCreate(&d.second.layout, CUDA_R_16BF, g.a_transposed ? n : k, g.a_transposed ? k : n,
+                                        int64_t(g.a_transposed ? n : k)) == CUBLAS_STATUS_SUCCESS;
+  ok = ok && cublasLtMatrixLayoutCreate(&d.out.layout, g.d_fp32 ? CUDA_R_32F : CUDA_R_16BF, m, n, int64_t(m)) ==
+                 CUBLAS_STATUS_SUCCESS;
+  return ok;
+}
+
+Bf16Key key_of(const Bf16Gemm& g) {
+  return Bf16Key{g.rows,         g.cols,  g.inner,           g.a_transposed,    g.b_transposed,   g.d_fp32,
+                 g.beta != 0.0f, g.timed, alignment_of(g.a), alignment_of(g.b), alignment_of(g.d)};
+}
+
+cublasStatus_t run_bf16(DeviceState& state, const Bf16Descriptors& d, const Bf16Gemm& g, float beta, const void* c,
+                        void* out, const cublasLtMatmulAlgo_t& algo, void* workspace, cudaStream_t stream) {
+  const float alpha = 1.0f;
+  return cublasLtMatmul(state.handle, d.op.desc, &alpha, g.b, d.first.layout, g.a, d.second.layout, &beta, c,
+                        d.out.layout, out, d.out.layout, &algo, workspace, kWorkspaceBytes, stream);
+}
+
+// Of `ranked` (the first first), the one that runs g's product fastest
+// among those writing the first's bits for g's operands, timed into
+// g.scratch (C read from g.d where beta reads it; g.d never written);
+// the first where nothing else qualifies or the timing cannot run.
+// Synchronizes the stream.
+cublasLtMatmulAlgo_t fastest_with_first_bits(DeviceState& state, const Bf16Descriptors& d, const Bf16Gemm& g,
+                                             const std::vector<cublasLtMatmulAlgo_t>& ranked, void* workspace,
+                                             cudaStream_t stream) {
+  const size_t bytes = output_bytes(g);
+  if (ranked.size() < 2 || g.scratch == nullptr || g.scratch_bytes < 2 * round_up(bytes) + 256) return ranked.front();
+  char* base = static_cast<char*>(g.scratch);
+  void* reference = base;
+  void* trial = base + round_up(bytes);
+  auto* unequal = reinterpret_cast<unsigned long long*>(base + 2 * round_up(bytes));
+  const float beta = g.beta;
+  const void* c = beta != 0.0f ? trial : nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+    if (start != nullptr) cudaEventDestroy(start);
+    cudaGetLastError();
+    return ranked.front();
+  }
+  size_t best = 0;
+  float best_ms = 0.0f;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    void* out = i == 0 ? reference : trial;
+    if (beta != 0.0f && cudaMemcpyAsync(trial, g.d, bytes, cudaMemcpyDeviceToDevice, stream) != cudaSuccess) break;
+    if (run_bf16(state, d, g, beta, c, out, ranked[i], workspace, stream) != CUBLAS_STATUS_SUCCESS) {
+      if (i == 0) break;
+      continue;
+    }
+    if (i > 0) {
+      unsigned long long differing = 1;
+      if (cudaMemsetAsync(unequal, 0, sizeof(*unequal), stream) != cudaSuccess) break;
+      const int64_t words = int64_t(bytes / 2);
+      const int blocks = int(std::min<int64_t>((words + 255) / 256, 1024));
+      count_unequal_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint16_t*>(reference),
+                                                       static_cast<const uint16_t*>(trial), words, unequal);
+      if (cudaMemcpyAsync(&differing, unequal, sizeof(differing), cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+          cudaStreamSynchronize(stream) != cudaSuccess || differing != 0) {
+        continue;
+      }
+    }
+    // Timed into the trial output (what it holds no longer matters).
+    bool ran = cudaEventRecord(start, stream) == cudaSuccess;
+    for (int r = 0; ran && r < kTimedRepeats; ++r) {
+      ran = run_bf16(state, d, g, beta, c, trial, ranked[i], workspace, stream) == CUBLAS_STATUS_SUCCESS;
+    }
+    float ms = 0.0f;
+    if (!ran || cudaEventRecord(stop, stream) != cudaSuccess || cudaEventSynchronize(stop) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
+      if (i == 0) break;
+      continue;
+    }
+    if (i == 0 || ms < best_ms) best = i, best_ms = ms;
+  }
+  cudaStreamSynchronize(stream);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGetLastError();  // a failed candidate's error is not the next kernel's
+  return ranked[best];
 }
 
 }  // namespace
@@ -199,41 +331,45 @@ GemmResult bf16_gemm(const Bf16Gemm& g, cudaStream_t stream) {
   void* workspace = nullptr;
   DeviceState* state = device_state(stream, &workspace);
   if (state == nullptr) return GemmResult::unsupported;
-
-  MatmulDesc op;
-  Layout first, second, out;
-  const cublasOperation_t op_b = g.b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_a = g.a_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const uint64_t m = uint64_t(g.cols), n = uint64_t(g.rows), k = uint64_t(g.inner);
-  bool ok = cublasLtMatmulDescCreate(&op.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)) ==
-                 CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)) ==
-                 CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatrixLayoutCreate(&first.layout, CUDA_R_16BF, g.b_transposed ? k : m, g.b_transposed ? m : k,
-                                        int64_t(g.b_transposed ? k : m)) == CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatrixLayoutCreate(&second.layout, CUDA_R_16BF, g.a_transposed ? n : k, g.a_transposed ? k : n,
-                                        int64_t(g.a_transposed ? n : k)) == CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatrixLayoutCreate(&out.layout, g.d_fp32 ? CUDA_R_32F : CUDA_R_16BF, m, n, int64_t(m)) ==
-                 CUBLAS_STATUS_SUCCESS;
-  if (!ok) return GemmResult::unsupported;
+  Bf16Descriptors d;
+  if (!describe(g, d)) return GemmResult::unsupported;
 
   const uint32_t align_b = alignment_of(g.b), align_a = alignment_of(g.a), align_d = alignment_of(g.d);
-  const Bf16Key key{g.rows,   g.cols,         g.inner, g.a_transposed, g.b_transposed,
-                    g.d_fp32, g.beta != 0.0f, align_a, align_b,        align_d};
+  const Bf16Key key = key_of(g);
   auto found = state->bf16_algorithms.find(key);
-  if (found == state->bf16_algorithms.end()) {
-    std::unique_ptr<cublasLtMatmulAlgo_t> chosen =
-        first_algorithm(state->handle, op.desc, first.layout, second.layout, out.layout, align_b, align_a, align_d);
-    found = state->bf16_algorithms.emplace(key, std::move(chosen)).first;
+  std::unique_ptr<cublasLtMatmulAlgo_t> unkept;  // a timed shape's first without scratch: chosen later
+  const cublasLtMatmulAlgo_t* algo = nullptr;
+  if (found != state->bf16_algorithms.end()) {
+    algo = found->second.get();
+  } else {
+    const std::vector<cublasLtMatmulAlgo_t> ranked =
+        ranked_algorithms(state->handle, d.op.desc, d.first.layout, d.second.layout, d.out.layout, align_b, align_a,
+                          align_d, g.timed ? kTimedCandidates : 1);
+    if (ranked.empty()) {
+      found = state->bf16_algorithms.emplace(key, nullptr).first;
+    } else if (!g.timed) {
+      found = state->bf16_algorithms.emplace(key, std::make_unique<cublasLtMatmulAlgo_t>(ranked.front())).first;
+    } else if (g.scratch == nullptr || capturing(stream)) {
+      unkept = std::make_unique<cublasLtMatmulAlgo_t>(ranked.front());
+    } else {
+      const cublasLtMatmulAlgo_t chosen = fastest_with_first_bits(*state, d, g, ranked, workspace, stream);
+      found = state->bf16_algorithms.emplace(key, std::make_unique<cublasLtMatmulAlgo_t>(chosen)).first;
+    }
+    algo = unkept != nullptr ? unkept.get() : found->second.get();
   }
-  if (found->second == nullptr) return GemmResult::unsupported;
-
-  const float alpha = 1.0f, beta = g.beta;
-  const cublasStatus_t status =
-      cublasLtMatmul(state->handle, op.desc, &alpha, g.b, first.layout, g.a, second.layout, &beta, g.d, out.layout, g.d,
-                     out.layout, found->second.get(), workspace, kWorkspaceBytes, stream);
+  if (algo == nullptr) return GemmResult::unsupported;
+  const cublasStatus_t status = run_bf16(*state, d, g, g.beta, g.d, g.d, *algo, workspace, stream);
   return status == CUBLAS_STATUS_SUCCESS ? GemmResult::done : GemmResult::failed;
+}
+
+size_t bf16_gemm_scratch_bytes(const Bf16Gemm& g, cudaStream_t stream) {
+  if (!g.timed || g.rows <= 0 || g.cols <= 0 || g.inner <= 0 || capturing(stream)) return 0;
+  const std::lock_guard<std::mutex> lock(g_mutex);
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  const DeviceState& state = g_devices[device];
+  if (state.bf16_algorithms.count(key_of(g)) != 0) return 0;
+  return 2 * round_up(output_bytes(g)) + 256;
 }
 
 }  // namespace trainer::ops::kernels

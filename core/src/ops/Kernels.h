@@ -216,10 +216,23 @@ struct Bf16Gemm {
   bool d_fp32 = false;
   int64_t rows = 0, cols = 0, inner = 0;
   float beta = 0.0f;
+  /// At the shape's first call, time up to eight of the heuristic's
+  /// algorithms on these operands and keep the fastest whose output has the
+  /// bits of the first-ranked one's; needs `scratch` (bf16_gemm_scratch_bytes).
+  bool timed = false;
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
 };
 
+/// The scratch bytes (device memory, any alignment) a timed `g` needs on
+/// `stream` before its call: nonzero only at a timed shape's first eager
+/// call (the timing runs there, never while the stream captures a graph).
+size_t bf16_gemm_scratch_bytes(const Bf16Gemm& g, cudaStream_t stream);
+
 /// Runs `g` with the algorithm cuBLASLt's heuristic ranks first for its
-/// shape, layout and alignment (asked once per device and kept), on
+/// shape, layout and alignment, or with `timed` the fastest of its first
+/// eight that writes the first's bits (chosen once per device and kept; a
+/// timed call without scratch runs the first and chooses later), on
 /// `stream` with that stream's workspace. unsupported: nothing launched (no
 /// algorithm, no handle, or a stream capturing a CUDA graph before its
 /// first eager call allocated the workspace); the caller computes it another way.

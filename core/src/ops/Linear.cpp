@@ -21,6 +21,7 @@ namespace trainer::ops {
 namespace {
 std::atomic<bool> g_gradient_fusion{true};
 std::atomic<bool> g_lt_gemms{false};
+std::atomic<bool> g_lt_gemm_timing{false};
 std::atomic<bool> g_fp8_linear{false};
 std::atomic<bool> g_fp8_keep_weights_t{true};
 std::atomic<bool> g_fp8_rowwise{false};
@@ -37,6 +38,8 @@ void set_gradient_fusion(bool enabled) { g_gradient_fusion.store(enabled); }
 
 bool lt_gemms_enabled() { return g_lt_gemms.load(); }
 void set_lt_gemms(bool enabled) { g_lt_gemms.store(enabled); }
+bool lt_gemm_timing() { return g_lt_gemm_timing.load(); }
+void set_lt_gemm_timing(bool timed) { g_lt_gemm_timing.store(timed); }
 
 bool lt_gemm_may_apply(const torch::Tensor& a) {
 #ifdef TRAINER_CUDA_KERNELS
@@ -66,7 +69,14 @@ bool lt_gemm(const torch::Tensor& d, const torch::Tensor& a, bool a_t, const tor
   g.d = d.data_ptr();
   g.d_fp32 = d.scalar_type() == torch::kFloat32;
   g.beta = beta;
+  g.timed = lt_gemm_timing();
   const KernelLaunch launch("bf16_gemm", {a, b, d});
+  torch::Tensor scratch;  // held until the call returns (the timing synchronizes its stream)
+  if (const size_t bytes = kernels::bf16_gemm_scratch_bytes(g, launch.stream()); bytes > 0) {
+    scratch = torch::empty({static_cast<int64_t>(bytes)}, a.options().dtype(torch::kUInt8));
+    g.scratch = scratch.data_ptr();
+    g.scratch_bytes = bytes;
+  }
   const kernels::GemmResult result = kernels::bf16_gemm(g, launch.stream());
   if (result == kernels::GemmResult::failed) {
     throw TrainingError("bf16_gemm: cuBLASLt failed to launch a [" + std::to_string(g.rows) + ", " +

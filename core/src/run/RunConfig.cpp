@@ -43,7 +43,9 @@ RunConfig run_config(const Recipe& recipe, int world_size) {
   config.shape = batch_shape(recipe, world_size);
   const std::string precision = recipe.training.text("precision");
   config.fp8 = precision == "fp8";
-  config.lt_gemms = recipe.training.text("gemm_library") == "cublaslt";
+  const std::string gemm_library = recipe.training.text("gemm_library");
+  config.lt_gemms = gemm_library == "cublaslt" || gemm_library == "cublaslt-timed";
+  config.lt_gemm_timing = gemm_library == "cublaslt-timed";
   config.compute_dtype = precision == "bf16" || config.fp8 ? torch::kBFloat16 : torch::kFloat32;
   config.reproducible = recipe.training.boolean("reproducible");
   config.fp8_rowwise = recipe.training.text("fp8_scaling") == "rowwise";

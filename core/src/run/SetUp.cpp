@@ -71,6 +71,7 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
   ops::set_fp8_linear(config.fp8);
   // Reproducible mode's settings (above) turned them off; they stay off.
   ops::set_lt_gemms(config.lt_gemms && !config.reproducible);
+  ops::set_lt_gemm_timing(config.lt_gemm_timing);
   ops::set_fp8_rowwise_scaling(config.fp8 && config.fp8_rowwise);
   if (config.fp8 && config.fp8_rowwise) {
     log::info(
