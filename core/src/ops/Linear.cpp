@@ -53,8 +53,9 @@ bool lt_gemm_may_apply(const torch::Tensor& a) {
 bool lt_gemm(const torch::Tensor& d, const torch::Tensor& a, bool a_t, const torch::Tensor& b, bool b_t, float beta) {
 #ifdef TRAINER_CUDA_KERNELS
   if (!lt_gemm_may_apply(a) || b.scalar_type() != torch::kBFloat16 || a.dim() != 2 || b.dim() != 2 || d.dim() != 2 ||
-      (d.scalar_type() != torch::kBFloat16 && d.scalar_type() != torch::kFloat32) || b.device() != a.device() ||
-      d.device() != a.device() || !a.is_contiguous() || !b.is_contiguous() || !d.is_contiguous()) {
+      (d.scalar_type() != torch::kBFloat16 && d.scalar_type() != torch::kFloat32) ||
+      (d.scalar_type() == torch::kBFloat16 && beta != 0.0f) || b.device() != a.device() || d.device() != a.device() ||
+      !a.is_contiguous() || !b.is_contiguous() || !d.is_contiguous()) {
     return false;
   }
   kernels::Bf16Gemm g;
