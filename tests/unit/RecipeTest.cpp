@@ -203,16 +203,16 @@ TEST_F(RecipeTest, GlobalBatchSizeDerivesAccumulation) {
   EXPECT_THROW(batch_shape(clash, 1), InputError);
 }
 
-// training.gemm_library reaches the run's settings: cuBLASLt's GEMMs by
-// default, timed only where asked, LibTorch's where named; other values refused.
+// training.gemm_library reaches the run's settings: cuBLASLt's GEMMs timed
+// by default, untimed or LibTorch's where named; other values refused.
 TEST_F(RecipeTest, GemmLibraryChoosesTheGemmsAndTheirTiming) {
   const std::string bf16 = std::string(kMinimal) + "[training]\nprecision = \"bf16\"\n";
   const RunConfig plain = run_config(load(bf16), 1);
   EXPECT_TRUE(plain.lt_gemms);
-  EXPECT_FALSE(plain.lt_gemm_timing);
-  const RunConfig timed = run_config(load(bf16, {"training.gemm_library=cublaslt-timed"}), 1);
-  EXPECT_TRUE(timed.lt_gemms);
-  EXPECT_TRUE(timed.lt_gemm_timing);
+  EXPECT_TRUE(plain.lt_gemm_timing);
+  const RunConfig untimed = run_config(load(bf16, {"training.gemm_library=cublaslt"}), 1);
+  EXPECT_TRUE(untimed.lt_gemms);
+  EXPECT_FALSE(untimed.lt_gemm_timing);
   const RunConfig libtorch = run_config(load(bf16, {"training.gemm_library=libtorch"}), 1);
   EXPECT_FALSE(libtorch.lt_gemms);
   EXPECT_FALSE(libtorch.lt_gemm_timing);

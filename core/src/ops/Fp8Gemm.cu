@@ -222,8 +222,8 @@ bool fingerprint(const void* out, size_t bytes, unsigned long long* device_sum, 
 // Of `ranked` (the first first), the one that runs g's product fastest
 // among those whose output has the first's fingerprint for g's operands,
 // timed into g.scratch (C copied from g.d where beta reads it; g.d never
-// written); the first where nothing else qualifies or the timing cannot
-// run. Synchronizes the stream.
+// written); the first where nothing else qualifies, the caller had no
+// scratch or the timing cannot run. Synchronizes the stream.
 cublasLtMatmulAlgo_t fastest_with_first_bits(DeviceState& state, const Bf16Descriptors& d, const Bf16Gemm& g,
                                              const std::vector<cublasLtMatmulAlgo_t>& ranked, void* workspace,
                                              cudaStream_t stream) {
@@ -344,7 +344,7 @@ GemmResult bf16_gemm(const Bf16Gemm& g, cudaStream_t stream) {
   const uint32_t align_b = alignment_of(g.b), align_a = alignment_of(g.a), align_d = alignment_of(g.d);
   const Bf16Key key = key_of(g);
   auto found = state->bf16_algorithms.find(key);
-  std::unique_ptr<cublasLtMatmulAlgo_t> unkept;  // a timed shape's first without scratch: chosen later
+  std::unique_ptr<cublasLtMatmulAlgo_t> unkept;  // a timed shape's first while capturing: chosen later
   const cublasLtMatmulAlgo_t* algo = nullptr;
   if (found != state->bf16_algorithms.end()) {
     algo = found->second.get();
@@ -356,7 +356,7 @@ GemmResult bf16_gemm(const Bf16Gemm& g, cudaStream_t stream) {
       found = state->bf16_algorithms.emplace(key, nullptr).first;
     } else if (!g.timed) {
       found = state->bf16_algorithms.emplace(key, std::make_unique<cublasLtMatmulAlgo_t>(ranked.front())).first;
-    } else if (g.scratch == nullptr || capturing(stream)) {
+    } else if (capturing(stream)) {
       unkept = std::make_unique<cublasLtMatmulAlgo_t>(ranked.front());
     } else {
       const cublasLtMatmulAlgo_t chosen = fastest_with_first_bits(*state, d, g, ranked, workspace, stream);

@@ -232,7 +232,8 @@ size_t bf16_gemm_scratch_bytes(const Bf16Gemm& g, cudaStream_t stream);
 /// Runs `g` with the algorithm cuBLASLt's heuristic ranks first for its
 /// shape, layout and alignment, or with `timed` the fastest of its first
 /// eight that writes the first's bits (chosen once per device and kept; a
-/// timed call without scratch runs the first and chooses later), on
+/// timed call on a capturing stream runs the first and chooses at the next
+/// eager call; one without scratch keeps the first), on
 /// `stream` with that stream's workspace. unsupported: nothing launched (no
 /// algorithm, no handle, or a stream capturing a CUDA graph before its
 /// first eager call allocated the workspace); the caller computes it another way.

@@ -57,7 +57,7 @@ struct RunConfig {
   bool fp8 = false;                              ///< training.precision = "fp8": linear layers in FP8
   bool fp8_rowwise = false;                      ///< training.fp8_scaling = "rowwise"
   bool lt_gemms = true;                          ///< training.gemm_library = "cublaslt" or "cublaslt-timed"
-  bool lt_gemm_timing = false;                   ///< training.gemm_library = "cublaslt-timed"
+  bool lt_gemm_timing = true;                    ///< training.gemm_library = "cublaslt-timed"
   bool reproducible = false;
   int64_t reproducible_atom = 1;  ///< samples per forward and backward in reproducible mode
   bool cuda_graphs = false;       ///< training.cuda_graphs: forward and backward passes replayed from CUDA graphs
