@@ -106,10 +106,10 @@ void set_lt_gemm_timing(bool timed);
 
 /// d = A B + beta d through kernels::bf16_gemm, where it applies: lt_gemms
 /// on, a CUDA build, `a` and `b` bf16, `d` bf16 (beta 0 only) or fp32 [rows,
-/// cols], all contiguous on one CUDA device. (A bf16 d with beta 1 came out
-/// of cuBLASLt with errors beyond one rounding of the sum on an H100: 0.19 at
-/// |d| ~ 30, as if the product were rounded to bf16 before the add.) `a` holds A [rows, inner], or with `a_t`
-/// its transpose; `b` holds B [inner, cols], or with `b_t` its transpose.
+/// cols], all contiguous on one CUDA device. `a` holds A [rows, inner], or
+/// with `a_t` its transpose; `b` holds B [inner, cols], or with `b_t` its
+/// transpose. (A bf16 d with beta 1 came out of cuBLASLt with errors beyond
+/// one rounding of the sum on an H100: 0.19 at |d| ~ 30.)
 /// False where it does not apply or cuBLASLt offers no algorithm (nothing
 /// ran: the caller runs LibTorch's GEMM); throws where the launch failed.
 bool lt_gemm(const torch::Tensor& d, const torch::Tensor& a, bool a_t, const torch::Tensor& b, bool b_t, float beta);
