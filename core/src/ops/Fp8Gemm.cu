@@ -219,19 +219,25 @@ bool fingerprint(const void* out, size_t bytes, unsigned long long* device_sum, 
          cudaStreamSynchronize(stream) == cudaSuccess;
 }
 
+// The scratch a timed g needs: the fingerprint's sum, and where beta reads
+// C an output to run the candidates into (C copied from g.d each time); at
+// beta 0 they run into g.d itself, which the call then overwrites.
+size_t timing_scratch_bytes(const Bf16Gemm& g) { return (g.beta != 0.0f ? round_up(output_bytes(g)) : 0) + 256; }
+
 // Of `ranked` (the first first), the one that runs g's product fastest
-// among those whose output has the first's fingerprint for g's operands,
-// timed into g.scratch (C copied from g.d where beta reads it; g.d never
-// written); the first where nothing else qualifies, the caller had no
-// scratch or the timing cannot run. Synchronizes the stream.
+// among those whose output has the first's fingerprint for g's operands
+// (timing_scratch_bytes says where they run); the first where nothing else
+// qualifies, the caller had no scratch or the timing cannot run.
+// Synchronizes the stream.
 cublasLtMatmulAlgo_t fastest_with_first_bits(DeviceState& state, const Bf16Descriptors& d, const Bf16Gemm& g,
                                              const std::vector<cublasLtMatmulAlgo_t>& ranked, void* workspace,
                                              cudaStream_t stream) {
   const size_t bytes = output_bytes(g);
-  if (ranked.size() < 2 || g.scratch == nullptr || g.scratch_bytes < round_up(bytes) + 256) return ranked.front();
-  void* trial = g.scratch;
-  auto* device_sum = reinterpret_cast<unsigned long long*>(static_cast<char*>(g.scratch) + round_up(bytes));
+  if (ranked.size() < 2 || g.scratch == nullptr || g.scratch_bytes < timing_scratch_bytes(g)) return ranked.front();
   const float beta = g.beta;
+  void* trial = beta != 0.0f ? g.scratch : g.d;
+  auto* device_sum =
+      reinterpret_cast<unsigned long long*>(static_cast<char*>(g.scratch) + (beta != 0.0f ? round_up(bytes) : 0));
   const void* c = trial;  // as the call's own C is its D: read only where beta is nonzero
   cudaEvent_t start = nullptr, stop = nullptr;
   if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
@@ -376,7 +382,7 @@ size_t bf16_gemm_scratch_bytes(const Bf16Gemm& g, cudaStream_t stream) {
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
   const DeviceState& state = g_devices[device];
   if (state.bf16_algorithms.count(key_of(g)) != 0) return 0;
-  return round_up(output_bytes(g)) + 256;
+  return timing_scratch_bytes(g);
 }
 
 }  // namespace trainer::ops::kernels

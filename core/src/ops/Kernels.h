@@ -226,7 +226,9 @@ struct Bf16Gemm {
 
 /// The scratch bytes (device memory, any alignment) a timed `g` needs on
 /// `stream` before its call: nonzero only at a timed shape's first eager
-/// call (the timing runs there, never while the stream captures a graph).
+/// call (the timing runs there, never while the stream captures a graph):
+/// 256 at beta 0 (the candidates then write d, which the call overwrites),
+/// one output more where beta reads d.
 size_t bf16_gemm_scratch_bytes(const Bf16Gemm& g, cudaStream_t stream);
 
 /// Runs `g` with the algorithm cuBLASLt's heuristic ranks first for its

@@ -46,9 +46,8 @@ constexpr KeySpec kTrainingKeys[] = {
     {"gemm_library", VT::String, "'cublaslt-timed'",
      "on CUDA in bf16: the linear layers' and the head's GEMMs through the project's cuBLASLt calls (cublaslt: "
      "the heuristic's first algorithm; cublaslt-timed: the fastest of its first eight that writes the first's bits, "
-     "timed at each shape's first call, with one output's scratch) or LibTorch's (libtorch); reproducible mode always "
-     "takes LibTorch's (its "
-     "format's bits)",
+     "timed at each shape's first call, with one output's scratch where the GEMM accumulates) or LibTorch's "
+     "(libtorch); reproducible mode always takes LibTorch's (its format's bits)",
      -kInf, kInf, "cublaslt|cublaslt-timed|libtorch"},
     {"max_grad_norm", VT::Float, "1.0", "clip the global gradient norm to this; 0 turns clipping off", 0, kInf},
     {"on_nonfinite", VT::String, "'error'",
