@@ -76,6 +76,12 @@ struct Preference {
 
 cudaDataType_t fp8_type(bool e5m2) { return e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
 
+// Whether `stream` captures a CUDA graph (or cannot say).
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
+}
+
 // The device's state with its handle and `stream`'s workspace (allocated on
 // the stream's first call, never while it captures a CUDA graph: an
 // allocation would end the capture); nullptr where either is missing.
@@ -90,10 +96,7 @@ DeviceState* device_state(cudaStream_t stream, void** workspace_out) {
   }
   void*& workspace = state.workspaces[stream];
   if (workspace == nullptr) {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) {
-      return nullptr;
-    }
+    if (capturing(stream)) return nullptr;
     if (cudaMalloc(&workspace, kWorkspaceBytes) != cudaSuccess) {
       workspace = nullptr;
       cudaGetLastError();  // the failed allocation is not the next kernel's error
@@ -166,11 +169,6 @@ constexpr int kTimedRepeats = 3;
 size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 size_t output_bytes(const Bf16Gemm& g) { return size_t(g.rows) * size_t(g.cols) * (g.d_fp32 ? 4 : 2); }
-
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
-}
 
 // g's descriptors: the row-major product as cuBLASLt's column-major one (see bf16_gemm).
 struct Bf16Descriptors {
@@ -350,7 +348,7 @@ GemmResult bf16_gemm(const Bf16Gemm& g, cudaStream_t stream) {
   const uint32_t align_b = alignment_of(g.b), align_a = alignment_of(g.a), align_d = alignment_of(g.d);
   const Bf16Key key = key_of(g);
   auto found = state->bf16_algorithms.find(key);
-  std::unique_ptr<cublasLtMatmulAlgo_t> unkept;  // a timed shape's first while capturing: chosen later
+  cublasLtMatmulAlgo_t unkept{};  // a timed shape's first while capturing: chosen later
   const cublasLtMatmulAlgo_t* algo = nullptr;
   if (found != state->bf16_algorithms.end()) {
     algo = found->second.get();
@@ -363,12 +361,13 @@ GemmResult bf16_gemm(const Bf16Gemm& g, cudaStream_t stream) {
     } else if (!g.timed) {
       found = state->bf16_algorithms.emplace(key, std::make_unique<cublasLtMatmulAlgo_t>(ranked.front())).first;
     } else if (capturing(stream)) {
-      unkept = std::make_unique<cublasLtMatmulAlgo_t>(ranked.front());
+      unkept = ranked.front();
+      algo = &unkept;
     } else {
       const cublasLtMatmulAlgo_t chosen = fastest_with_first_bits(*state, d, g, ranked, workspace, stream);
       found = state->bf16_algorithms.emplace(key, std::make_unique<cublasLtMatmulAlgo_t>(chosen)).first;
     }
-    algo = unkept != nullptr ? unkept.get() : found->second.get();
+    if (algo == nullptr) algo = found->second.get();
   }
   if (algo == nullptr) return GemmResult::unsupported;
   const cublasStatus_t status = run_bf16(*state, d, g, g.beta, g.d, g.d, *algo, workspace, stream);
