@@ -145,6 +145,19 @@ TEST_F(RecipeTest, ChoiceListsTheAllowedValues) {
       << message;
 }
 
+// A [[logger]] table's errors name their line like any section's (the
+// array was once copied, and toml++ copies a node without its source: 0:0).
+TEST_F(RecipeTest, LoggerErrorsNameTheirLine) {
+  const std::string logger = std::string(kMinimal) + "[[logger]]\nname = 'console'\n";
+  const std::string range = error_of(logger + "interval = 0\n");
+  EXPECT_NE(range.find("recipe.toml:8:12: [logger.0] interval = 0: expected an integer in [1, "), std::string::npos)
+      << range;
+  const std::string unknown = error_of(logger + "[[logger]]\nname = 'csv'\nintervl = 3\n");
+  EXPECT_NE(unknown.find("recipe.toml:10:1: [logger.1] unknown key 'intervl'"), std::string::npos) << unknown;
+  const std::string plugin = error_of(logger + "[[logger]]\nname = 'consol'\n");
+  EXPECT_NE(plugin.find("recipe.toml:9:8"), std::string::npos) << plugin;
+}
+
 TEST_F(RecipeTest, UnknownPluginListsTheAvailableOnes) {
   const std::string message = error_of(std::string(kMinimal) + "[strategy]\nname = \"zero9\"\n");
   EXPECT_NE(message.find("unknown strategy plugin 'zero9'; available: ddp"), std::string::npos) << message;

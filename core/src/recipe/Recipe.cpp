@@ -404,25 +404,28 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
       choose(table_or_empty(root, "strategy", origins), "strategy", PluginKind::Strategy, "ddp", registry, origins);
   default_tokenizer_from_model(recipe);
 
-  toml::array loggers;
+  // The recipe's own array, never a copy: toml++ copies a node without its
+  // source, and an error in a [[logger]] table names its line.
+  toml::array console_only;
+  const toml::array* loggers = &console_only;
   if (const toml::node* node = root.get("logger")) {
     if (!node->is_array_of_tables()) {
       throw InputError(
           fmt::format("{}: 'logger' must be an array of tables ([[logger]])", origins.of("logger", *node)));
     }
-    loggers = *node->as_array();
+    loggers = node->as_array();
   } else {
-    loggers.push_back(toml::table{{"name", "console"}});
+    console_only.push_back(toml::table{{"name", "console"}});
   }
   bool has_jsonl = false;
-  for (size_t i = 0; i < loggers.size(); ++i) {
-    const toml::table& table = *loggers.get(i)->as_table();
+  for (size_t i = 0; i < loggers->size(); ++i) {
+    const toml::table& table = *loggers->get(i)->as_table();
     recipe.loggers.push_back(
         choose(table, fmt::format("logger.{}", i), PluginKind::Logger, nullptr, registry, origins));
     has_jsonl = has_jsonl || std::string(recipe.loggers.back().plugin->descriptor->name) == "jsonl";
   }
   if (!has_jsonl) {  // metrics.jsonl is the run's record: always written
-    recipe.loggers.push_back(choose(toml::table{{"name", "jsonl"}}, fmt::format("logger.{}", loggers.size()),
+    recipe.loggers.push_back(choose(toml::table{{"name", "jsonl"}}, fmt::format("logger.{}", loggers->size()),
                                     PluginKind::Logger, nullptr, registry, origins));
   }
   return recipe;
