@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "TestSupport.h"
 #include "trainer/util/Safetensors.h"
@@ -58,6 +59,36 @@ TEST(Weights, ExportLoadsBackAsAHuggingFaceDirectory) {
   const auto fresh = trainer("forward " + kQuickstart + " --tokens " + tokens + " --out " + hf + "/c.bin");
   EXPECT_EQ(read_file(hf + "/a.bin"), read_file(hf + "/b.bin"));
   EXPECT_NE(read_file(hf + "/a.bin"), read_file(hf + "/c.bin"));  // the trained weights were used
+}
+
+// `forward --out` never replaces one of the command's inputs (the recipe,
+// the token ids, a file a [model] key reads) nor writes into a directory;
+// each is refused by name with exit 2 and the file is as it was. Checked
+// before the model is built, so the weights file here need not be valid.
+TEST(Weights, ForwardRefusesToWriteOverItsInputs) {
+  const std::string dir = scratch_dir("WeightsForwardInputs");
+  const std::string recipe = write_file(dir + "/recipe.toml", read_file(kQuickstart));
+  const std::string tokens = write_file(dir + "/tokens.txt", "1 5 9\n");
+  const std::string weights = write_file(dir + "/w.safetensors", "not read");
+  const std::string init = " --set model.init_from=" + weights;
+  for (const auto& [out, named, options] :
+       {std::tuple<std::string, std::string, std::string>{tokens, "the --tokens file", ""},
+        {recipe, "the recipe file", ""},
+        {weights, "the [model] init_from (--set", init},
+        {dir, "is a directory", ""}}) {
+    const auto result = trainer("forward " + recipe + options + " --tokens " + tokens + " --out " + out);
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_NE(result.output.find("--out " + out + ": "), std::string::npos) << result.output;
+    EXPECT_NE(result.output.find(named), std::string::npos) << result.output;
+  }
+  EXPECT_EQ(read_file(tokens), "1 5 9\n");
+  EXPECT_EQ(read_file(recipe), read_file(kQuickstart));
+  EXPECT_EQ(read_file(weights), "not read");
+  // The same command with a free --out writes the logits, and no .tmp is left.
+  const auto fine = trainer("forward " + recipe + " --tokens " + tokens + " --out " + dir + "/logits.bin");
+  ASSERT_EQ(fine.exit_code, 0) << fine.output;
+  EXPECT_EQ(read_file(dir + "/logits.bin").size(), 3u * 64u * sizeof(float));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/logits.bin.tmp"));
 }
 
 // The Llama variant of the model: no q/k/v biases, untied head, Llama 3's

@@ -2,8 +2,11 @@
 // checking it against another implementation.
 #include "tools/Forward.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -13,10 +16,39 @@
 #include "trainer/Errors.h"
 #include "trainer/Model.h"
 #include "trainer/util/JsonSupport.h"
+#include "util/Files.h"
 
 namespace trainer {
 
+namespace {
+
+// --out names a file to write, never a directory nor one of the command's
+// inputs (the recipe, the token ids, a file a [model] key reads such as
+// init_from): the logits would replace it. Checked before the model is built.
+void check_destination(const Recipe& recipe, const std::string& tokens_file, const std::string& out_file) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (fs::is_directory(out_file, error)) {
+    throw InputError(fmt::format("--out {}: is a directory; expected a file to write", out_file));
+  }
+  std::vector<std::pair<std::string, std::string>> inputs = {{"--tokens", tokens_file}, {"recipe", recipe.file}};
+  for (const Options::Entry& e : recipe.model.options.entries()) {
+    if (const auto* text = std::get_if<std::string>(&e.value); text && !text->empty()) {
+      inputs.emplace_back(fmt::format("[model] {} ({})", e.key, e.origin), *text);
+    }
+  }
+  for (const auto& [what, input] : inputs) {
+    if (fs::equivalent(out_file, input, error)) {
+      throw InputError(
+          fmt::format("--out {}: is the {} file {}; writing the logits would replace it", out_file, what, input));
+    }
+  }
+}
+
+}  // namespace
+
 void write_logits(const Recipe& recipe, const std::string& tokens_file, const std::string& out_file) {
+  check_destination(recipe, tokens_file, out_file);
   std::ifstream in(tokens_file, std::ios::binary);
   if (!in) throw InputError(fmt::format("{}: cannot open", tokens_file));
   std::stringstream text;
@@ -36,9 +68,9 @@ void write_logits(const Recipe& recipe, const std::string& tokens_file, const st
     for (size_t i = 0; i < rows[r].size(); ++i) ids[r][i] = rows[r][i];
   }
   const torch::Tensor logits = model->logits(ids.to(device)).to(torch::kFloat32).cpu().contiguous();
-  std::ofstream out(out_file, std::ios::binary);
-  out.write(static_cast<const char*>(logits.data_ptr()), logits.numel() * 4);
-  if (!out) throw InputError(fmt::format("{}: cannot write", out_file));
+  // Through OUT.tmp and a rename: a failed write leaves an earlier file whole.
+  write_file_atomically(out_file, static_cast<const char*>(logits.data_ptr()),
+                        static_cast<size_t>(logits.numel()) * sizeof(float));
   fmt::print("{}\n", Json{{"shape", logits.sizes().vec()}}.dump());
 }
 

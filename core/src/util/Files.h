@@ -40,14 +40,14 @@ inline void fsync_path(const std::filesystem::path& path) {
 /// unwritable directory); a write that fails (a full disk, an I/O error) is
 /// a fault (TrainingError naming it). Either way PATH.tmp is removed and
 /// `path` is as it was.
-inline void write_file_atomically(const std::filesystem::path& path, const std::string& text) {
+inline void write_file_atomically(const std::filesystem::path& path, const char* data, size_t size) {
   const std::filesystem::path temporary = path.string() + ".tmp";
   const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw InputError(temporary.string() + ": cannot create (" + std::strerror(errno) + ")");
   size_t done = 0;
   int failure = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+  while (done < size) {
+    const ssize_t n = ::write(fd, data + done, size - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       failure = n < 0 ? errno : EIO;
@@ -68,6 +68,10 @@ inline void write_file_atomically(const std::filesystem::path& path, const std::
     std::filesystem::remove(temporary, ignored);
     throw InputError(path.string() + ": cannot replace it (" + why + ")");
   }
+}
+
+inline void write_file_atomically(const std::filesystem::path& path, const std::string& text) {
+  write_file_atomically(path, text.data(), text.size());
 }
 
 }  // namespace trainer
