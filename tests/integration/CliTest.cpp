@@ -619,6 +619,15 @@ TEST(Cli, CompareHtmlReportRendersInChromium) {
   const CommandResult unwritable = trainer("compare " + dir + "/a " + dir + "/b --html " + dir + "/no/such/dir/r.html");
   EXPECT_EQ(unwritable.exit_code, 2) << unwritable.output;
   EXPECT_TRUE(contains(unwritable, "--html " + dir + "/no/such/dir/r.html")) << unwritable.output;
+  // The report replaces an earlier report, never a run's own file nor a directory.
+  EXPECT_EQ(trainer("compare " + dir + "/a " + dir + "/b --html " + report).exit_code, 0);
+  const std::string metrics = read_file(dir + "/b/metrics.jsonl");
+  for (const std::string& target : {dir + "/b/metrics.jsonl", dir + "/b/model.safetensors", dir + "/b"}) {
+    const CommandResult refused = trainer("compare " + dir + "/a " + dir + "/b --html " + target);
+    EXPECT_EQ(refused.exit_code, 2) << refused.output;
+    EXPECT_TRUE(contains(refused, "--html " + target + ": ")) << refused.output;
+  }
+  EXPECT_EQ(read_file(dir + "/b/metrics.jsonl"), metrics);
 }
 
 TEST(Cli, BadCommandLineExitsWithTwo) {

@@ -2,6 +2,7 @@
 #include "tools/Compare.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -275,10 +276,31 @@ void write_report(const std::string& path, const std::vector<std::string>& dirs,
   }
 }
 
+// --html writes a new file or replaces an earlier report (.html or .htm),
+// never anything else: a typo such as `--html run/metrics.jsonl` would
+// otherwise replace a compared run's record with the page.
+void check_report_path(const std::string& html) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (fs::is_directory(html, error)) {
+    throw InputError(fmt::format("--html {}: is a directory; expected a file to write the report to", html));
+  }
+  if (fs::exists(fs::symlink_status(html, error))) {
+    std::string extension = fs::path(html).extension().string();
+    std::transform(extension.begin(), extension.end(), extension.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    if (extension != ".html" && extension != ".htm") {
+      throw InputError(fmt::format(
+          "--html {}: the file exists and is not an .html report; expected a new file or an earlier report", html));
+    }
+  }
+}
+
 }  // namespace
 
 int compare_runs(const std::vector<std::string>& run_dirs, double rtol, bool quiet, const std::string& html) {
   if (run_dirs.size() < 2) throw InputError("trainer compare: give at least two run directories");
+  if (!html.empty()) check_report_path(html);
   if (!std::isfinite(rtol) || rtol < 0) {
     throw InputError(fmt::format("trainer compare: --rtol must be a finite number >= 0, got {}", rtol));
   }
