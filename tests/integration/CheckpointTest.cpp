@@ -155,6 +155,32 @@ TEST(Checkpoint, CorruptShardIsNamedAndAutoFallsBack) {
       << fallback.output;
 }
 
+// config.json beside the shards is checksummed in the manifest: export (which
+// copies it into a Hugging Face directory) and resume refuse a damaged one
+// by name, and export writes nothing. The edit keeps it valid JSON.
+TEST(Checkpoint, DamagedConfigIsNamedAndNotExported) {
+  const std::string dir = scratch_dir("CkConfig");
+  run_ok(dir, "--set training.steps=2 --set checkpoint.interval=2");
+  const std::string checkpoint = dir + "/checkpoints/step-00000002";
+  const std::string config = checkpoint + "/config.json";
+  const size_t at = read_file(config).find("\"vocab_size\": 64");
+  ASSERT_NE(at, std::string::npos) << read_file(config);
+  {
+    std::fstream file(config, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(at + 15));  // 64 -> 65
+    file.put('5');
+  }
+  const auto exported = trainer("export " + checkpoint + " --to " + dir + "/hf");
+  EXPECT_EQ(exported.exit_code, 2) << exported.output;
+  EXPECT_NE(exported.output.find(config + ": checksum"), std::string::npos) << exported.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/hf/model.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/hf/config.json"));
+  const auto resumed = trainer("run " + kQuickstart + " --set run.output_dir=" + dir +
+                               " --set training.steps=4 --set checkpoint.resume=" + checkpoint);
+  EXPECT_EQ(resumed.exit_code, 2) << resumed.output;
+  EXPECT_NE(resumed.output.find(config + ": checksum"), std::string::npos) << resumed.output;
+}
+
 // Starts `trainer run quickstart` with `args` (and an endless step count)
 // writing into `dir`, sends SIGTERM once metrics.jsonl holds a few steps,
 // and returns the step of the checkpoint it wrote; the exit status must be

@@ -263,6 +263,13 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
                   {"state", std::vector<std::string>(names_.begin() + 1, names_.end())},
                   {"files", files},
                   {"parameters", parameters}};
+    // The Hugging Face config beside the shards, checksummed like them: export
+    // copies it into a model directory, so a damaged one is refused there.
+    const std::string config = model.hf_config();
+    if (!config.empty()) {
+      manifest["config"] = Json{
+          {"name", "config.json"}, {"xxh3_128", text_xxh3(config)}, {"bytes", static_cast<int64_t>(config.size())}};
+    }
     if (!position.gradient_exponents.empty()) {
       Json exponents = Json::array();
       for (const int64_t e : position.gradient_exponents) {
@@ -273,8 +280,7 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
     const std::string manifest_text = manifest.dump(1) + "\n";
     write_file_atomically(temporary / "manifest.json", manifest_text);
     write_file_atomically(temporary / "manifest.xxh3", text_xxh3(manifest_text) + "\n");
-    if (const std::string config = model.hf_config(); !config.empty())
-      write_file_atomically(temporary / "config.json", config);
+    if (!config.empty()) write_file_atomically(temporary / "config.json", config);
     fsync_path(temporary);
     remove_tree(final_dir.string());
     fs::rename(temporary, final_dir);
@@ -289,6 +295,8 @@ void Checkpointer::verify(const std::string& dir) {
   const Json manifest = trainer::manifest::read(dir);
   const fs::path file = fs::path(dir) / "manifest.json";  // named: a temporary here warns (-Wdangling-reference)
   for (const Json& f : member(manifest, "files", file)) verify_file(dir, manifest, f);
+  // Checkpoints written before config.json was checksummed list none.
+  if (const Json* config = json_find(manifest, "config")) verify_file(dir, manifest, *config);
 }
 
 std::string Checkpointer::resolve(const std::string& resume, Comm& comm, int64_t* step) {

@@ -134,6 +134,19 @@ void validate(const Json& manifest, const fs::path& file) {
       throw InputError(fmt::format("{}: '{}' must be a string", file.string(), hash_key));
     }
   }
+  // Optional: a model without a Hugging Face config writes none, nor did
+  // checkpoints written before config.json was checksummed.
+  if (const Json* listed_config = json_find(manifest, "config")) {
+    const Json& config = *listed_config;
+    const Json& name = member(config, "name", file);
+    if (!name.is_string() || name.get_ref<const std::string&>() != "config.json") {
+      throw InputError(fmt::format("{}: 'config' must name config.json", file.string()));
+    }
+    integer_member(config, "bytes", 0, kMax, file);
+    if (!member(config, "xxh3_128", file).is_string()) {
+      throw InputError(fmt::format("{}: 'config' needs its 'xxh3_128' as a string", file.string()));
+    }
+  }
   const Json& groups = array_member(manifest, "group_numel", file);
   if (groups.empty() || groups.size() > 2)
     throw InputError(fmt::format("{}: 'group_numel' must list 1 or 2 groups", file.string()));
