@@ -63,8 +63,13 @@ class TokensDataset final : public Dataset {
     }
     if (pack_) {
       try {
-        read_documents(options.text("docs").empty() ? path_ + ".docs" : options.text("docs"),
-                       long_documents_from(options.text("long_documents")));
+        const std::string docs = options.text("docs").empty() ? path_ + ".docs" : options.text("docs");
+        // Like the tokens: a directory, FIFO or device is no offsets file (a FIFO would block).
+        if (stat(docs.c_str(), &kind) == 0 && !S_ISREG(kind.st_mode)) {
+          if (!options.text("docs").empty()) options.fail("docs", fmt::format("a regular file; '{}' is not one", docs));
+          throw InputError(fmt::format("{}: expected the document offsets as a regular file; it is not one", docs));
+        }
+        read_documents(docs, long_documents_from(options.text("long_documents")));
       } catch (...) {
         close(fd_);
         throw;

@@ -2,6 +2,8 @@
 // order with shuffle = false, and bad data files named by file and line.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <tuple>
 
@@ -317,6 +319,18 @@ TEST(Datasets, PackedTokensFollowTheirDocumentOffsets) {
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_NE(missing.output.find("tokens.bin.docs: cannot open the document offsets"), std::string::npos)
       << missing.output;
+  // A FIFO (or directory) as the offsets is refused before it is opened: a
+  // FIFO would block the run. Under `timeout` so that a hang fails in a minute.
+  ASSERT_EQ(mkfifo((dir + "/tokens.bin.docs").c_str(), 0600), 0);
+  const std::string bounded = "timeout 60 " + std::string(TRAINER_BINARY) + " run ";
+  const auto fifo = run_command(bounded + recipe(dir, dataset, 50));
+  EXPECT_EQ(fifo.exit_code, 2) << fifo.output;
+  EXPECT_NE(fifo.output.find("tokens.bin.docs: expected the document offsets as a regular file"), std::string::npos)
+      << fifo.output;
+  const auto named = run_command(bounded + recipe(dir, dataset + "docs = '" + dir + "'\n", 50));
+  EXPECT_EQ(named.exit_code, 2) << named.output;
+  EXPECT_NE(named.output.find("[dataset] docs: expected a regular file; '" + dir + "' is not one"), std::string::npos)
+      << named.output;
 }
 
 }  // namespace
