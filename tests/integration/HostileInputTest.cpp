@@ -419,6 +419,39 @@ TEST(HostileInput, LoggerOutputsThatCollideAreRefused) {
   }
 }
 
+// A logger's path may not be one of the files the run reads (the recipe, a
+// dataset's tokens): `path = '../recipe.toml'` once replaced the recipe with
+// CSV rows. Refused by name before anything is written; both stay as they were.
+TEST(HostileInput, LoggerOutputsNeverReplaceTheRunsInputs) {
+  const std::string dir = scratch_dir("HiLoggerInputs");
+  std::string tokens;
+  for (int i = 0; i < 400; ++i) tokens += {static_cast<char>(i * 7 % 64), '\0'};  // uint16, little-endian
+  write_file(dir + "/tokens.bin", tokens);
+  std::string base = read_file(kQuickstart);
+  const size_t from = base.find("[dataset]"), to = base.find("[training]");
+  ASSERT_TRUE(from != std::string::npos && to != std::string::npos);
+  base.replace(from, to - from,
+               "[dataset]\nname = 'tokens'\npath = '" + dir + "/tokens.bin'\nseq_len = 32\nvocab_size = 64\n\n");
+  for (const auto& [path, message] : std::vector<std::pair<std::string, std::string>>{
+           {"../recipe.toml", "the recipe (an input of the run)"},
+           {dir + "/tokens.bin", "[dataset] path (an input of the run)"}}) {
+    const std::string recipe =
+        write_file(dir + "/recipe.toml", base + "\n[[logger]]\nname = 'csv'\npath = '" + path + "'\n");
+    const CommandResult refused =
+        trainer("run " + recipe + " --set run.output_dir=" + dir + "/run --set training.steps=1");
+    EXPECT_EQ(refused.exit_code, 2) << path << "\n" << refused.output;
+    EXPECT_TRUE(says(refused, "[logger.1] path")) << refused.output;
+    EXPECT_TRUE(says(refused, message)) << refused.output;
+    EXPECT_EQ(read_file(recipe), base + "\n[[logger]]\nname = 'csv'\npath = '" + path + "'\n");
+    EXPECT_EQ(read_file(dir + "/tokens.bin"), tokens);
+    EXPECT_FALSE(fs::exists(dir + "/run/metrics.jsonl"));
+  }
+  // The same recipe with the logger's file in the run's directory trains.
+  const std::string fine = write_file(dir + "/recipe.toml", base + "\n[[logger]]\nname = 'csv'\n");
+  const CommandResult ran = trainer("run " + fine + " --set run.output_dir=" + dir + "/run --set training.steps=1");
+  EXPECT_EQ(ran.exit_code, 0) << ran.output;
+}
+
 // Output paths that are files: named as bad input (exit 2) before any work.
 TEST(HostileInput, OutputPathsThatAreFilesAreNamed) {
   const std::string dir = scratch_dir("HiOutputFiles");

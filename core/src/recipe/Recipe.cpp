@@ -449,6 +449,23 @@ std::string Recipe::resolved_toml() const {
   return text.str();
 }
 
+std::vector<std::pair<std::string, std::string>> Recipe::input_files() const {
+  std::vector<std::pair<std::string, std::string>> inputs{{"the recipe", file}};
+  std::vector<const Options*> sections;
+  for (const SectionSpec& s : core_sections()) sections.push_back(&(this->*s.options));
+  for (const ComponentChoice* c : {&model, &dataset, &strategy, &optimizer_plugin}) sections.push_back(&c->options);
+  for (const Options* options : sections) {
+    for (const Options::Entry& e : options->entries()) {
+      const auto* text = std::get_if<std::string>(&e.value);
+      std::error_code error;
+      if (text && !text->empty() && std::filesystem::is_regular_file(*text, error)) {
+        inputs.emplace_back(fmt::format("[{}] {}", options->section(), e.key), *text);
+      }
+    }
+  }
+  return inputs;
+}
+
 std::string Recipe::fingerprint(int64_t global_batch_size) const {
   toml::table out;
   out.insert("model", component_table(model));

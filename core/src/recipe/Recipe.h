@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "plugin/PluginRegistry.h"
@@ -35,6 +36,12 @@ struct Recipe {
 
   /// The recipe with every default filled in, as TOML: what the run used.
   std::string resolved_toml() const;
+
+  /// The files the run reads, as (what, path): the recipe itself and every
+  /// string key outside [[logger]] that names an existing regular file
+  /// (a dataset's path, a tokenizer, init_from, ...), for the output claims:
+  /// no logger may write over one.
+  std::vector<std::pair<std::string, std::string>> input_files() const;
 
   /// A hash of what a checkpoint may not be resumed without: the model,
   /// dataset and optimizer tables and the global batch size.
