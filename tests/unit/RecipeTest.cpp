@@ -126,6 +126,10 @@ TEST_F(RecipeTest, UnknownPluginKeySuggestsTheClosest) {
 TEST_F(RecipeTest, UnknownSectionSuggestsTheClosest) {
   const std::string message = error_of(std::string(kMinimal) + "[trainig]\nsteps = 3\n");
   EXPECT_NE(message.find("unknown section [trainig] (did you mean 'training'?)"), std::string::npos) << message;
+  EXPECT_NE(message.find("recipe.toml:6:2: "), std::string::npos) << message;
+  // A section only --set names is named by the --set (it read "recipe.toml:0:0").
+  const std::string set = error_of(kMinimal, {"trainig.steps=3"});
+  EXPECT_EQ(set.rfind("--set trainig.steps=3: unknown section [trainig] (did you mean 'training'?)", 0), 0u) << set;
 }
 
 TEST_F(RecipeTest, WrongTypeNamesKeyValueAndExpectation) {

@@ -215,7 +215,10 @@ void apply_override(toml::table& root, const std::string& argument, Origins& ori
     }
     target = loggers->get(index)->as_table();
   } else {
-    if (!root.contains(parts[0])) root.insert(parts[0], toml::table{});
+    if (!root.contains(parts[0])) {  // a section --set makes: its errors name the --set (an unknown section)
+      root.insert(parts[0], toml::table{});
+      origins.set_override(parts[0], argument);
+    }
     target = root[parts[0]].as_table();
     if (!target) throw InputError(fmt::format("--set {}: '{}' is not a table in the recipe", argument, parts[0]));
   }
