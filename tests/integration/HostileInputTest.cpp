@@ -333,6 +333,14 @@ TEST(HostileInput, ExportNeverReplacesWeightsAlreadyWritten) {
   result = trainer("export " + dir + " --to " + to);
   EXPECT_EQ(result.exit_code, 2);
   EXPECT_TRUE(says(result, "already holds a model.safetensors")) << result.output;
+  // Nor another model's config.json: refused, the file as it was, nothing written.
+  const std::string other = scratch_dir("HiExportOther");
+  write_file(other + "/config.json", "{\"model_type\": \"other\"}\n");
+  result = trainer("export " + dir + " --to " + other);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "already holds a config.json")) << result.output;
+  EXPECT_EQ(read_file(other + "/config.json"), "{\"model_type\": \"other\"}\n");
+  EXPECT_FALSE(fs::exists(other + "/model.safetensors"));
 }
 
 // A checkpoint past training.steps: resuming it would report steps it never

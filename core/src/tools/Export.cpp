@@ -51,9 +51,11 @@ void export_run(const std::string& run_dir, const std::string& to) {
   if (fs::weakly_canonical(to) == fs::weakly_canonical(run_dir)) {
     throw InputError(fmt::format("trainer export: --to {} is the directory exported from; choose another", to));
   }
-  if (fs::exists(fs::path(to) / "model.safetensors")) {
-    throw InputError(
-        fmt::format("trainer export: {} already holds a model.safetensors; choose an empty directory", to));
+  // Nor another model's config.json (a directory holding pytorch_model.bin and its config).
+  for (const char* name : {"model.safetensors", "config.json"}) {
+    if (fs::exists(fs::symlink_status(fs::path(to) / name))) {
+      throw InputError(fmt::format("trainer export: {} already holds a {}; choose an empty directory", to, name));
+    }
   }
   if (!fs::exists(run_dir)) throw InputError(fmt::format("trainer export: {} does not exist", run_dir));
   // The destination is made (or found) a writable directory before anything is read or written.
