@@ -121,7 +121,8 @@ int main(int argc, char** argv) {
   CLI::App app{"trainer: train LibTorch models from a TOML recipe with run-time plugins"};
   app.require_subcommand(1);
   CommonArgs common;
-  app.add_option("--plugin-dir", common.plugin_dirs, "search this directory for plugins first (repeatable)");
+  app.add_option("--plugin-dir", common.plugin_dirs, "search this directory for plugins first (repeatable)")
+      ->check(CLI::ExistingDirectory);  // a mistyped directory is an error, not a silently empty search
   app.add_flag("-v,--verbose", common.verbose, "debug logging");
 
   std::string recipe_file;

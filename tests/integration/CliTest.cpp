@@ -371,6 +371,7 @@ TEST(Cli, BrokenPluginFilesExitWithTwo) {
   }
   const CommandResult result = trainer("--plugin-dir " + fixtures + "/bad-abi plugins");
   EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(contains(result, "trainer-fixture-badabi.so: plugin ABI version 999 does not match")) << result.output;
 }
 
 TEST(Cli, PluginsListsKindsNamesAndKeys) {
@@ -633,6 +634,11 @@ TEST(Cli, CompareHtmlReportRendersInChromium) {
 TEST(Cli, BadCommandLineExitsWithTwo) {
   EXPECT_EQ(trainer("fly").exit_code, 2);
   EXPECT_EQ(trainer("run").exit_code, 2);
+  // A --plugin-dir that is not a directory is named, never skipped.
+  const CommandResult missing = trainer("--plugin-dir /no/such/plugins plugins");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_TRUE(contains(missing, "--plugin-dir")) << missing.output;
+  EXPECT_TRUE(contains(missing, "/no/such/plugins")) << missing.output;
   EXPECT_EQ(trainer("--help").exit_code, 0);
 }
 
