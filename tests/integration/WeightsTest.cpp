@@ -84,11 +84,24 @@ TEST(Weights, ForwardRefusesToWriteOverItsInputs) {
   EXPECT_EQ(read_file(tokens), "1 5 9\n");
   EXPECT_EQ(read_file(recipe), read_file(kQuickstart));
   EXPECT_EQ(read_file(weights), "not read");
+  // A device is refused before it is read (/dev/zero was read without end);
+  // a pipe with a writer is read like a file.
+  // (Bounded: 8 GB of address space, a minute.)
+  const auto device = run_command("ulimit -v 8000000; timeout 60 " + std::string(TRAINER_BINARY) + " forward " +
+                                  recipe + " --tokens /dev/zero --out " + dir + "/zero.bin");
+  EXPECT_EQ(device.exit_code, 2) << device.output;
+  EXPECT_NE(device.output.find("--tokens /dev/zero: expected a file of token ids"), std::string::npos) << device.output;
+  const std::string pipe = dir + "/tokens.fifo";
+  const auto piped = run_command("mkfifo " + pipe + " && (echo '1 5 9' > " + pipe + " &) && timeout 60 " +
+                                 std::string(TRAINER_BINARY) + " forward " + recipe + " --tokens " + pipe + " --out " +
+                                 dir + "/piped.bin");
+  ASSERT_EQ(piped.exit_code, 0) << piped.output;
   // The same command with a free --out writes the logits, and no .tmp is left.
   const auto fine = trainer("forward " + recipe + " --tokens " + tokens + " --out " + dir + "/logits.bin");
   ASSERT_EQ(fine.exit_code, 0) << fine.output;
   EXPECT_EQ(read_file(dir + "/logits.bin").size(), 3u * 64u * sizeof(float));
   EXPECT_FALSE(std::filesystem::exists(dir + "/logits.bin.tmp"));
+  EXPECT_EQ(read_file(dir + "/piped.bin"), read_file(dir + "/logits.bin"));
 }
 
 // The Llama variant of the model: no q/k/v biases, untied head, Llama 3's

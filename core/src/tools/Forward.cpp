@@ -2,6 +2,8 @@
 // checking it against another implementation.
 #include "tools/Forward.h"
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -49,16 +51,31 @@ void check_destination(const Recipe& recipe, const std::string& tokens_file, con
 
 void write_logits(const Recipe& recipe, const std::string& tokens_file, const std::string& out_file) {
   check_destination(recipe, tokens_file, out_file);
+  // A regular file or a pipe (`--tokens <(...)`); a device such as /dev/zero
+  // would be read without end. Token ids for a forward pass are small: at
+  // most kMaxBytes are read.
+  constexpr size_t kMaxBytes = size_t(1) << 30;
+  struct stat kind {};
+  if (stat(tokens_file.c_str(), &kind) == 0 && !S_ISREG(kind.st_mode) && !S_ISFIFO(kind.st_mode)) {
+    throw InputError(fmt::format("--tokens {}: expected a file of token ids (or a pipe); it is not one", tokens_file));
+  }
   std::ifstream in(tokens_file, std::ios::binary);
   if (!in) throw InputError(fmt::format("{}: cannot open", tokens_file));
-  std::stringstream text;
-  text << in.rdbuf();
+  std::string bytes;
+  std::vector<char> chunk(size_t(1) << 16);
+  while (in.read(chunk.data(), static_cast<std::streamsize>(chunk.size())) || in.gcount() > 0) {
+    bytes.append(chunk.data(), static_cast<size_t>(in.gcount()));
+    if (bytes.size() > kMaxBytes) {
+      throw InputError(fmt::format("--tokens {}: more than {} bytes; expected token ids for one forward pass",
+                                   tokens_file, kMaxBytes));
+    }
+  }
   Context context;
   context.seed = static_cast<uint64_t>(recipe.run.integer("seed"));
   context.device = recipe.run.text("device");
   context.output_dir = output_dir_of(recipe);
   auto model = PluginRegistry::create<Model>(*recipe.model.plugin, recipe.model.options, context);
-  const std::vector<std::vector<int64_t>> rows = parse_token_rows(text.str(), tokens_file, model->vocab_size());
+  const std::vector<std::vector<int64_t>> rows = parse_token_rows(bytes, tokens_file, model->vocab_size());
   const torch::Device device = context.device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   torch::NoGradGuard no_grad;
   for (const NamedParameter& p : model->parameters()) p.tensor.set_data(p.tensor.to(device));
