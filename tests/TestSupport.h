@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -49,6 +50,19 @@ inline std::string read_file(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+/// The entries directly in `dir` whose names mark an unfinished write
+/// (".tmp" anywhere in the name: PATH.tmp-XXXXXX, a step-N.tmp checkpoint),
+/// sorted: what a write that failed or finished must not leave behind.
+inline std::vector<std::string> temporaries_in(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename();
+    if (name.find(".tmp") != std::string::npos) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 struct CommandResult {
@@ -188,6 +202,7 @@ namespace trainer {
 // The helpers every test file uses, named without a preamble of its own.
 using testing::column;
 using testing::CommandResult;
+using testing::temporaries_in;
 using testing::Job;
 using testing::listening_port;
 using testing::read_file;

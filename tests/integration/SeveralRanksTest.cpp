@@ -58,7 +58,7 @@ TEST(SeveralRanks, SlowFinalWriteOutlastingTheTimeoutEndsWithEveryRankDone) {
           {"TRAINER_FAULT_INJECT=slow-final-write", "TRAINER_FAULT_DELAY_S=8", "TRAINER_FAULT_MARKER=" + marker});
   ASSERT_EQ(job.wait(), 0) << read_file(slow + "/log.txt");
   EXPECT_TRUE(fs::exists(marker)) << "the write was not slowed down";
-  EXPECT_FALSE(fs::exists(slow + "/model.safetensors.tmp"));
+  EXPECT_EQ(temporaries_in(slow), std::vector<std::string>{});
   EXPECT_EQ(read_file(slow + "/model.safetensors"), read_file(plain + "/model.safetensors"));
 }
 
@@ -79,7 +79,7 @@ TEST(SeveralRanks, StopSignalDuringTheFinalWriteLetsItFinish) {
   const std::string log = read_file(dir + "/log.txt");
   EXPECT_EQ(code, 0) << log;
   EXPECT_NE(log.find("came during the final write; the write was finished first"), std::string::npos) << log;
-  EXPECT_FALSE(fs::exists(dir + "/model.safetensors.tmp")) << log;
+  EXPECT_EQ(temporaries_in(dir), std::vector<std::string>{}) << log;
   EXPECT_EQ(read_file(dir + "/model.safetensors"), read_file(plain + "/model.safetensors"));
 }
 

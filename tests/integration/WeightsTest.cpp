@@ -95,12 +95,21 @@ TEST(Weights, ForwardRefusesToWriteOverItsInputs) {
                                  std::string(TRAINER_BINARY) + " forward " + recipe + " --tokens " + pipe + " --out " +
                                  dir + "/piped.bin");
   ASSERT_EQ(piped.exit_code, 0) << piped.output;
-  // The same command with a free --out writes the logits, and no .tmp is left.
+  // The same command with a free --out writes the logits, and no temporary is left.
   const auto fine = trainer("forward " + recipe + " --tokens " + tokens + " --out " + dir + "/logits.bin");
   ASSERT_EQ(fine.exit_code, 0) << fine.output;
   EXPECT_EQ(read_file(dir + "/logits.bin").size(), 3u * 64u * sizeof(float));
-  EXPECT_FALSE(std::filesystem::exists(dir + "/logits.bin.tmp"));
+  EXPECT_EQ(temporaries_in(dir), std::vector<std::string>{});
   EXPECT_EQ(read_file(dir + "/piped.bin"), read_file(dir + "/logits.bin"));
+  // Token ids in a file named as --out's temporary once was (OUT.tmp, which
+  // the write truncated and renamed away): the write takes a name of its
+  // own, and the ids are as they were.
+  const std::string named = scratch_dir("WeightsForwardTmpName");
+  const std::string ids = write_file(named + "/logits.bin.tmp", "1 5 9\n");
+  const auto beside = trainer("forward " + recipe + " --tokens " + ids + " --out " + named + "/logits.bin");
+  ASSERT_EQ(beside.exit_code, 0) << beside.output;
+  EXPECT_EQ(read_file(ids), "1 5 9\n");
+  EXPECT_EQ(read_file(named + "/logits.bin"), read_file(dir + "/logits.bin"));
 }
 
 // The Llama variant of the model: no q/k/v biases, untied head, Llama 3's

@@ -1,5 +1,5 @@
-// write_file_atomically: the old file or the whole new one, never a PATH.tmp
-// left behind; a failed write is a fault (TrainingError), a file that
+// write_file_atomically: the old file or the whole new one, no temporary
+// left behind and no other file touched; a failed write is a fault (TrainingError), a file that
 // cannot be created is bad input (InputError).
 #include "util/Files.h"
 
@@ -7,6 +7,7 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,7 +31,7 @@ TEST(Files, AFailedWriteKeepsTheOldFileAndLeavesNoTemporary) {
     try {
       write_file_atomically(path, std::string(4096, 'x'));
     } catch (const TrainingError& error) {
-      _exit(std::string(error.what()).find("summary.json.tmp: write failed") != std::string::npos ? 10 : 11);
+      _exit(std::string(error.what()).find("summary.json: write failed") != std::string::npos ? 10 : 11);
     } catch (...) {
       _exit(12);
     }
@@ -41,18 +42,37 @@ TEST(Files, AFailedWriteKeepsTheOldFileAndLeavesNoTemporary) {
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 10) << "11: another message, 12: another exception, 13: no error";
   EXPECT_EQ(read_file(path), "old\n");
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_EQ(testing::temporaries_in(dir), std::vector<std::string>{});
   // A directory that does not exist: bad input, naming the file.
   try {
     write_file_atomically(dir + "/missing/summary.json", "x");
     ADD_FAILURE() << "wrote into a missing directory";
   } catch (const InputError& error) {
-    EXPECT_NE(std::string(error.what()).find("missing/summary.json.tmp: cannot create"), std::string::npos)
+    EXPECT_NE(std::string(error.what()).find("missing/summary.json: cannot create a file beside it"), std::string::npos)
         << error.what();
   }
   write_file_atomically(path, "new\n");
   EXPECT_EQ(read_file(path), "new\n");
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_EQ(testing::temporaries_in(dir), std::vector<std::string>{});
+}
+
+// A file named as the write's temporary once was (PATH.tmp, truncated and
+// renamed over PATH) is someone's file: the write takes a name of its own,
+// exclusively created, with the mode a new file gets (0644 less the umask).
+TEST(Files, AnAtomicWriteTouchesNoOtherFile) {
+  const std::string dir = scratch_dir("FilesBeside");
+  const std::string path = dir + "/summary.json";
+  write_file(path + ".tmp", "someone's file\n");
+  write_file_atomically(path, "new\n");
+  EXPECT_EQ(read_file(path), "new\n");
+  EXPECT_EQ(read_file(path + ".tmp"), "someone's file\n");
+  EXPECT_EQ(testing::temporaries_in(dir), std::vector<std::string>{"summary.json.tmp"});
+  const mode_t old_mask = umask(027);
+  write_file_atomically(path, "again\n");
+  umask(old_mask);
+  struct stat info {};
+  ASSERT_EQ(stat(path.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0640u);
 }
 
 }  // namespace

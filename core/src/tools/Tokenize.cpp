@@ -118,7 +118,6 @@ int tokenize_corpus(const TokenizeRequest& request) {
   if (!in) throw InputError(fmt::format("{}: cannot be read", request.input));
   const uint64_t total_bytes = fs::file_size(request.input);
   const fs::path out_path = request.out, docs_path = request.out + ".docs";
-  const fs::path out_tmp = request.out + ".partial", docs_tmp = docs_path.string() + ".partial";
   // Both destinations are checked before any work: neither may be a
   // directory, nor one of this command's inputs (it would be replaced by
   // token ids), so that the two renames at the end cannot fail halfway.
@@ -138,25 +137,37 @@ int tokenize_corpus(const TokenizeRequest& request) {
       }
     }
   }
-  std::ofstream out(out_tmp, std::ios::binary | std::ios::trunc), docs(docs_tmp, std::ios::binary | std::ios::trunc);
-  if (!out || !docs) {
-    std::error_code ignored;
-    fs::remove(out ? out_tmp : fs::path(), ignored);
-    fs::remove(docs ? docs_tmp : fs::path(), ignored);
-    throw InputError(fmt::format("--out {}: cannot create {} ({})", request.out, (out ? docs_tmp : out_tmp).string(),
-                                 std::strerror(errno)));
-  }
+  // The ids and offsets go to files of this command's own beside the
+  // destinations (never an existing file, whatever its name: an input named
+  // like a temporary is not truncated), renamed into place once whole.
   struct Cleanup {  // the partial files go unless renamed into place
-    const fs::path& a;
-    const fs::path& b;
+    fs::path a, b;
     bool done = false;
     ~Cleanup() {
       if (done) return;
       std::error_code ignored;
-      fs::remove(a, ignored);
-      fs::remove(b, ignored);
+      if (!a.empty()) fs::remove(a, ignored);
+      if (!b.empty()) fs::remove(b, ignored);
     }
-  } cleanup{out_tmp, docs_tmp};
+  } cleanup;
+  const auto create = [&](const fs::path& destination, fs::path& temporary) {
+    try {
+      const FileBeside beside = create_file_beside(destination);
+      close(beside.fd);
+      temporary = beside.path;
+    } catch (const InputError& error) {
+      throw InputError(fmt::format("--out {}: {}", request.out, error.what()));
+    }
+  };
+  create(out_path, cleanup.a);
+  create(docs_path, cleanup.b);
+  const fs::path& out_tmp = cleanup.a;
+  const fs::path& docs_tmp = cleanup.b;
+  std::ofstream out(out_tmp, std::ios::binary | std::ios::trunc), docs(docs_tmp, std::ios::binary | std::ios::trunc);
+  if (!out || !docs) {
+    throw InputError(fmt::format("--out {}: cannot open {} ({})", request.out, (out ? docs_tmp : out_tmp).string(),
+                                 std::strerror(errno)));
+  }
 
   const unsigned threads =
       request.threads > 0 ? static_cast<unsigned>(request.threads) : std::max(1u, std::thread::hardware_concurrency());
@@ -209,7 +220,7 @@ int tokenize_corpus(const TokenizeRequest& request) {
   const auto written = [&] {
     if (!out || !docs) {
       throw TrainingError(fmt::format("{}: write failed ({}); the partial files were removed",
-                                      (out ? docs_tmp : out_tmp).string(), std::strerror(errno)));
+                                      (out ? docs_path : out_path).string(), std::strerror(errno)));
     }
   };
   written();

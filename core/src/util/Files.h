@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -34,16 +35,45 @@ inline void fsync_path(const std::filesystem::path& path) {
   }
 }
 
-/// Writes `text` to PATH.tmp, flushes it to disk, then renames it over
-/// `path`: readers see the old file or the whole new one. A PATH.tmp that
-/// cannot be created is bad input (InputError naming it: a missing or
-/// unwritable directory); a write that fails (a full disk, an I/O error) is
-/// a fault (TrainingError naming it). Either way PATH.tmp is removed and
-/// `path` is as it was.
+/// The process's file-creation mask, read without changing it (umask(2)
+/// can only read it by setting it, which races with other threads).
+inline mode_t file_creation_mask() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Umask:", 0) == 0) return static_cast<mode_t>(std::stoul(line.substr(6), nullptr, 8));
+  }
+  return 022;
+}
+
+/// A file created for this write alone, beside the file it will replace.
+struct FileBeside {
+  std::filesystem::path path;  ///< PATH.tmp-XXXXXX
+  int fd = -1;                 ///< open for writing
+};
+
+/// Creates a new, empty file beside `path`, named PATH.tmp-XXXXXX and
+/// created exclusively (mkostemp), mode 0644 less the umask. A fixed name
+/// such as PATH.tmp would truncate whatever file has that name, an input of
+/// the command among them; this one is never an existing file. A directory
+/// that takes no new file is bad input (InputError naming `path`).
+inline FileBeside create_file_beside(const std::filesystem::path& path) {
+  std::string name = path.string() + ".tmp-XXXXXX";
+  const int fd = mkostemp(name.data(), O_CLOEXEC);
+  if (fd < 0) throw InputError(path.string() + ": cannot create a file beside it (" + std::strerror(errno) + ")");
+  fchmod(fd, 0644 & ~file_creation_mask());
+  return {name, fd};
+}
+
+/// Writes `data` to a new file beside `path` (create_file_beside), flushes
+/// it to disk, then renames it over `path`: readers see the old file or the
+/// whole new one, and no other file is touched. A directory that takes no
+/// new file is bad input (InputError naming `path`); a write that fails (a
+/// full disk, an I/O error) is a fault (TrainingError naming `path`). Either
+/// way the new file is removed and `path` is as it was.
 inline void write_file_atomically(const std::filesystem::path& path, const char* data, size_t size) {
-  const std::filesystem::path temporary = path.string() + ".tmp";
-  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw InputError(temporary.string() + ": cannot create (" + std::strerror(errno) + ")");
+  const FileBeside temporary = create_file_beside(path);
+  const int fd = temporary.fd;
   size_t done = 0;
   int failure = 0;
   while (done < size) {
@@ -59,13 +89,13 @@ inline void write_file_atomically(const std::filesystem::path& path, const char*
   if (close(fd) != 0 && failure == 0) failure = errno;
   std::error_code ignored;
   if (failure != 0) {
-    std::filesystem::remove(temporary, ignored);
-    throw TrainingError(temporary.string() + ": write failed (" + std::strerror(failure) + ")");
+    std::filesystem::remove(temporary.path, ignored);
+    throw TrainingError(path.string() + ": write failed (" + std::strerror(failure) + "); it is as it was");
   }
-  std::filesystem::rename(temporary, path, ignored);
+  std::filesystem::rename(temporary.path, path, ignored);
   if (ignored) {
     const std::string why = ignored.message();
-    std::filesystem::remove(temporary, ignored);
+    std::filesystem::remove(temporary.path, ignored);
     throw InputError(path.string() + ": cannot replace it (" + why + ")");
   }
 }

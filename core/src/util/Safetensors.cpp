@@ -19,6 +19,7 @@
 #include "trainer/Errors.h"
 #include "trainer/util/JsonSupport.h"
 
+#include "util/Files.h"
 #include "util/SafetensorsHeader.h"
 
 namespace trainer {
@@ -125,9 +126,17 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   }
   std::string header = entries.dump();
   while ((8 + header.size()) % 8 != 0) header += ' ';  // data starts 8-byte aligned
-  const std::string temporary = path + ".tmp";
-  FILE* out = std::fopen(temporary.c_str(), "wb");
-  if (!out) throw InputError(fmt::format("{}: cannot write: {}", temporary, std::strerror(errno)));
+  // A file of this write's own (never one that exists, whatever its name),
+  // renamed over `path` once whole.
+  const FileBeside beside = create_file_beside(path);
+  const std::string temporary = beside.path.string();
+  FILE* out = fdopen(beside.fd, "wb");
+  if (!out) {
+    const int error = errno;
+    close(beside.fd);
+    std::remove(temporary.c_str());
+    throw TrainingError(fmt::format("{}: cannot write: {}", path, std::strerror(error)));
+  }
   const uint64_t header_bytes = header.size();
   bool ok =
       std::fwrite(&header_bytes, 8, 1, out) == 1 && std::fwrite(header.data(), 1, header.size(), out) == header.size();
@@ -152,7 +161,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   if (!ok) {
     const int error = errno;
     std::remove(temporary.c_str());  // a partial file is no use to anyone and takes the space
-    throw TrainingError(fmt::format("{}: write failed: {}", temporary, std::strerror(error)));
+    throw TrainingError(fmt::format("{}: write failed: {}; it is as it was", path, std::strerror(error)));
   }
   std::filesystem::rename(temporary, path);
 }
