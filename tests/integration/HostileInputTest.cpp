@@ -463,6 +463,46 @@ TEST(HostileInput, LoggerOutputsNeverReplaceTheRunsInputs) {
   EXPECT_EQ(ran.exit_code, 0) << ran.output;
 }
 
+// The run's own files (recipe.toml, config.json, model.safetensors, ...)
+// never replace one it reads: a hand-written recipe.toml in the output
+// directory, init_from naming the output directory's model.safetensors, an
+// output directory that model.hf_dir or checkpoint.resume reads from, each
+// refused by run.output_dir (exit 2) with every file as it was. A
+// recipe.toml a run wrote runs again in place.
+TEST(HostileInput, RunFilesNeverReplaceWhatTheRunReads) {
+  const std::string dir = scratch_dir("HiRunInputs");
+  ASSERT_EQ(run(dir, "--set training.steps=2 --set checkpoint.interval=2").exit_code, 0);
+  const CommandResult again =
+      trainer("run " + dir + "/recipe.toml --set training.steps=3 --set checkpoint.resume=auto");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  const std::string step = dir + "/checkpoints/step-00000002";
+  ASSERT_TRUE(fs::exists(step + "/config.json"));
+  const std::string hf = scratch_dir("HiRunInputsHf");
+  ASSERT_EQ(trainer("export " + dir + " --to " + hf).exit_code, 0);
+  const std::string hand = scratch_dir("HiRunInputsHand");
+  const std::string recipe = write_file(hand + "/recipe.toml", "# notes\n" + read_file(kQuickstart));
+  const std::vector<std::string> kept = {recipe,         dir + "/model.safetensors", dir + "/config.json",
+                                         hf + "/config.json", hf + "/model.safetensors",  step + "/config.json"};
+  std::vector<std::string> before;
+  for (const std::string& file : kept) before.push_back(read_file(file));
+  for (const auto& [command, named] : std::vector<std::pair<std::string, std::string>>{
+           {"run " + recipe + " --set run.output_dir=" + hand, "recipe.toml is the recipe"},
+           {"run " + kQuickstart + " --set run.output_dir=" + dir + " --set model.init_from=" + dir +
+                "/model.safetensors",
+            "model.safetensors is [model] init_from"},
+           {"run " + kQuickstart + " --set run.output_dir=" + hf + " --set model.hf_dir=" + hf,
+            "is the directory [model] hf_dir names"},
+           {"run " + kQuickstart + " --set run.output_dir=" + step + " --set checkpoint.resume=" + step,
+            "is the directory [checkpoint] resume names"}}) {
+    const CommandResult refused = trainer(command + " --set training.steps=3");
+    EXPECT_EQ(refused.exit_code, 2) << command << "\n" << refused.output;
+    EXPECT_TRUE(says(refused, "[run] output_dir: expected a directory")) << refused.output;
+    EXPECT_TRUE(says(refused, named)) << named << "\n" << refused.output;
+  }
+  for (size_t i = 0; i < kept.size(); ++i) EXPECT_EQ(read_file(kept[i]), before[i]) << kept[i];
+  EXPECT_FALSE(fs::exists(hand + "/metrics.jsonl"));
+}
+
 // Output paths that are files: named as bad input (exit 2) before any work.
 TEST(HostileInput, OutputPathsThatAreFilesAreNamed) {
   const std::string dir = scratch_dir("HiOutputFiles");

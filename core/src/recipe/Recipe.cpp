@@ -15,6 +15,7 @@
 #include <toml++/toml.h>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 
 #include "recipe/TomlText.h"
 #include "trainer/Errors.h"
@@ -448,25 +449,52 @@ std::string Recipe::resolved_toml() const {
   for (const ComponentChoice& logger : loggers) logger_array.push_back(component_table(logger));
   out.insert("logger", std::move(logger_array));
   std::ostringstream text;
-  text << "# Resolved recipe: every key with the value this run used.\n" << out << "\n";
+  text << kResolvedHeader << "\n" << out << "\n";
   return text.str();
 }
 
-std::vector<std::pair<std::string, std::string>> Recipe::input_files() const {
-  std::vector<std::pair<std::string, std::string>> inputs{{"the recipe", file}};
+namespace {
+
+// The string keys outside [[logger]] whose value names an existing path
+// that `wanted` accepts, as ("[section] key", path).
+std::vector<std::pair<std::string, std::string>> keys_naming(
+    const Recipe& recipe, const std::function<bool(const Options&, const Options::Entry&, const std::string&)>& wanted) {
   std::vector<const Options*> sections;
-  for (const SectionSpec& s : core_sections()) sections.push_back(&(this->*s.options));
-  for (const ComponentChoice* c : {&model, &dataset, &strategy, &optimizer_plugin}) sections.push_back(&c->options);
+  for (const SectionSpec& s : core_sections()) sections.push_back(&(recipe.*s.options));
+  for (const ComponentChoice* c : {&recipe.model, &recipe.dataset, &recipe.strategy, &recipe.optimizer_plugin}) {
+    sections.push_back(&c->options);
+  }
+  std::vector<std::pair<std::string, std::string>> named;
   for (const Options* options : sections) {
     for (const Options::Entry& e : options->entries()) {
       const auto* text = std::get_if<std::string>(&e.value);
-      std::error_code error;
-      if (text && !text->empty() && std::filesystem::is_regular_file(*text, error)) {
-        inputs.emplace_back(fmt::format("[{}] {}", options->section(), e.key), *text);
+      if (text && !text->empty() && wanted(*options, e, *text)) {
+        named.emplace_back(fmt::format("[{}] {}", options->section(), e.key), *text);
       }
     }
   }
+  return named;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> Recipe::input_files() const {
+  std::vector<std::pair<std::string, std::string>> inputs{{"the recipe", file}};
+  for (auto& named : keys_naming(*this, [](const Options&, const Options::Entry&, const std::string& path) {
+         std::error_code error;
+         return std::filesystem::is_regular_file(path, error);
+       })) {
+    inputs.push_back(std::move(named));
+  }
   return inputs;
+}
+
+std::vector<std::pair<std::string, std::string>> Recipe::input_directories() const {
+  return keys_naming(*this, [this](const Options& options, const Options::Entry& e, const std::string& path) {
+    if ((&options == &run && e.key == "output_dir") || (&options == &checkpoint && e.key == "dir")) return false;
+    std::error_code error;
+    return std::filesystem::is_directory(path, error);
+  });
 }
 
 std::string Recipe::fingerprint(int64_t global_batch_size) const {

@@ -37,11 +37,21 @@ struct Recipe {
   /// The recipe with every default filled in, as TOML: what the run used.
   std::string resolved_toml() const;
 
+  /// The first line of resolved_toml(): a recipe.toml that begins with it
+  /// was written by a run.
+  static constexpr const char* kResolvedHeader = "# Resolved recipe: every key with the value this run used.";
+
   /// The files the run reads, as (what, path): the recipe itself and every
   /// string key outside [[logger]] that names an existing regular file
   /// (a dataset's path, a tokenizer, init_from, ...), for the output claims:
   /// no logger may write over one.
   std::vector<std::pair<std::string, std::string>> input_files() const;
+
+  /// The directories the run reads, as (what, path): every string key
+  /// outside [[logger]] that names an existing directory (model.hf_dir, a
+  /// tokenizer's directory, checkpoint.resume, ...), except the two that
+  /// name where the run writes (run.output_dir and checkpoint.dir).
+  std::vector<std::pair<std::string, std::string>> input_directories() const;
 
   /// A hash of what a checkpoint may not be resumed without: the model,
   /// dataset and optimizer tables and the global batch size.

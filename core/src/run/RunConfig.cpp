@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 
 #include <fmt/format.h>
 
@@ -30,6 +31,47 @@ CommSettings comm_settings(const Recipe& recipe) {
   comm.timeout_s = recipe.distributed.real("timeout_s");
   return comm;
 }
+
+namespace {
+
+// The files a run writes into its output directory replace none it reads:
+// the output directory is not a directory a key reads from (model.hf_dir's
+// config.json and model.safetensors, a checkpoint's config.json), and none
+// of the run's files is an input (init_from = "runs/a/model.safetensors"
+// with run.output_dir = "runs/a"; a hand-written recipe.toml in the output
+// directory). A recipe.toml a run wrote may be run again in place
+// (`trainer run runs/a/recipe.toml --set checkpoint.resume=auto`).
+void check_outputs_spare_inputs(const Recipe& recipe, const std::string& output_dir) {
+  std::error_code error;
+  for (const auto& [what, dir] : recipe.input_directories()) {
+    if (fs::equivalent(output_dir, dir, error)) {
+      recipe.run.fail("output_dir",
+                      fmt::format("a directory for the run's outputs, not one it reads; {} is the directory {} "
+                                  "names, whose files the run's config.json, model.safetensors and recipe.toml "
+                                  "would replace",
+                                  output_dir, what));
+    }
+  }
+  const std::vector<std::pair<std::string, std::string>> inputs = recipe.input_files();
+  for (const char* name : {"recipe.toml", "model.safetensors", "config.json", "summary.json", "memory.json"}) {
+    const fs::path output = fs::path(output_dir) / name;
+    for (const auto& [what, input] : inputs) {
+      if (!fs::equivalent(output, input, error)) continue;
+      if (what == "the recipe") {
+        std::ifstream in(input);
+        std::string first;
+        if (std::getline(in, first) && first == Recipe::kResolvedHeader) continue;
+      }
+      const std::string spelled = input == output.string() ? "" : fmt::format(" ({})", input);
+      recipe.run.fail("output_dir",
+                      fmt::format("a directory where the run's files replace none it reads; {} is {}{}, which "
+                                  "the run's own {} would replace",
+                                  output.string(), what, spelled, name));
+    }
+  }
+}
+
+}  // namespace
 
 RunConfig run_config(const Recipe& recipe, int world_size) {
   RunConfig config;
@@ -93,6 +135,7 @@ RunConfig run_config(const Recipe& recipe, int world_size) {
   if (fs::exists(config.output_dir) && !fs::is_directory(config.output_dir)) {
     recipe.run.fail("output_dir", fmt::format("a directory for the run's outputs; {} is a file", config.output_dir));
   }
+  check_outputs_spare_inputs(recipe, config.output_dir);
   CheckpointPolicy& checkpoint = config.checkpoint;
   checkpoint.dir = recipe.checkpoint.text("dir");
   if (checkpoint.dir.empty()) checkpoint.dir = (fs::path(config.output_dir) / "checkpoints").string();
