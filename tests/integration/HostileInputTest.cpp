@@ -503,6 +503,27 @@ TEST(HostileInput, RunFilesNeverReplaceWhatTheRunReads) {
   EXPECT_FALSE(fs::exists(hand + "/metrics.jsonl"));
 }
 
+// With run.output_dir unset the run writes into runs/<run.name>: a name
+// that leaves no directory below runs/ ("", ".", "..", "/tmp/x", "../x")
+// would write config.json, model.safetensors, ... into runs/, the working
+// directory or anywhere. Refused by run.name; a name with a folder in it
+// stays below runs/ and is valid.
+TEST(HostileInput, RunNamesStayBelowRuns) {
+  const std::string dir = scratch_dir("HiRunNames");
+  for (const std::string name : {"", ".", "..", "/tmp/x", "../x", "a/../.."}) {
+    const CommandResult refused =
+        run_command("cd " + dir + " && " + TRAINER_BINARY + " validate " + kQuickstart + " --set 'run.name=" + name +
+                    "' --set run.output_dir=");
+    EXPECT_EQ(refused.exit_code, 2) << name << "\n" << refused.output;
+    EXPECT_TRUE(says(refused, "[run] name: expected a name for the run's directory below runs/")) << refused.output;
+  }
+  const CommandResult nested = run_command("cd " + dir + " && " + TRAINER_BINARY + " run " + kQuickstart +
+                                           " --set run.name=sweep/a --set run.output_dir= --set training.steps=1");
+  EXPECT_EQ(nested.exit_code, 0) << nested.output;
+  EXPECT_TRUE(fs::exists(dir + "/runs/sweep/a/model.safetensors")) << nested.output;
+  EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));
+}
+
 // Output paths that are files: named as bad input (exit 2) before any work.
 TEST(HostileInput, OutputPathsThatAreFilesAreNamed) {
   const std::string dir = scratch_dir("HiOutputFiles");

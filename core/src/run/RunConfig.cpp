@@ -135,6 +135,20 @@ RunConfig run_config(const Recipe& recipe, int world_size) {
   if (fs::exists(config.output_dir) && !fs::is_directory(config.output_dir)) {
     recipe.run.fail("output_dir", fmt::format("a directory for the run's outputs; {} is a file", config.output_dir));
   }
+  if (recipe.run.text("output_dir").empty()) {
+    // runs/<name> is a directory below runs/: a name of "", ".", "..", an
+    // absolute path or one that climbs out would put the run's files into
+    // runs/ itself, the working directory or anywhere (fs::path's / drops
+    // "runs" before an absolute name), over whatever files are there.
+    const fs::path normal = fs::path(config.output_dir).lexically_normal();
+    const auto first = normal.begin();
+    if (normal.is_absolute() || first == normal.end() || *first != "runs" || std::next(first) == normal.end() ||
+        std::next(first)->empty()) {
+      recipe.run.fail("name", fmt::format("a name for the run's directory below runs/ (or run.output_dir set); "
+                                          "'{}' gives {}",
+                                          config.name, config.output_dir));
+    }
+  }
   check_outputs_spare_inputs(recipe, config.output_dir);
   CheckpointPolicy& checkpoint = config.checkpoint;
   checkpoint.dir = recipe.checkpoint.text("dir");
