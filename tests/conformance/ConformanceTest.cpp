@@ -192,6 +192,35 @@ TEST(ConformanceOptimizers, BrokenOptimizersFail) {
   }
 }
 
+// --report names a file to write, checked before any work: the plugin under
+// test, a directory or a missing directory is exit 2 naming it (the rows
+// were lost without a word, or the plugin replaced). The optimizer kit's
+// rows per strategy go through a directory of its own: a file beside the
+// report named like them (REPORT.ddp once was) is left as it was.
+TEST(ConformanceReport, ReportsThatCannotBeWrittenAreRefusedBeforeAnyWork) {
+  const std::string dir = scratch_dir("ConformanceReport");
+  const std::string plugin = dir + "/trainer-strategy-gradient-copies.so";
+  std::filesystem::copy_file(std::string(TRAINER_FIXTURE_DIR) + "/strategies/trainer-strategy-gradient-copies.so",
+                             plugin);
+  const std::string bytes = read_file(plugin);
+  for (const auto& [report, message] : std::vector<std::pair<std::string, std::string>>{
+           {plugin, "is the plugin under test"},
+           {dir, "is a directory; expected a file to write"},
+           {dir + "/missing/report.jsonl", "cannot be written"}}) {
+    const auto result = trainer("check-plugin " + plugin + " --split 8,1,1 --report " + report);
+    EXPECT_EQ(result.exit_code, 2) << report << "\n" << result.output;
+    EXPECT_NE(result.output.find("--report " + report + ": " + message), std::string::npos) << result.output;
+    EXPECT_EQ(result.output.find("conformance of strategy"), std::string::npos) << "it ran first:\n" << result.output;
+  }
+  EXPECT_EQ(read_file(plugin), bytes);
+  const std::string beside = write_file(dir + "/report.jsonl.ddp", "someone's file\n");
+  const auto optimizer = trainer("check-plugin adamw --split 8,1,1 --report " + dir + "/report.jsonl");
+  ASSERT_EQ(optimizer.exit_code, 0) << optimizer.output;
+  EXPECT_EQ(read_file(beside), "someone's file\n");
+  const std::vector<MetricsRow> rows = read_metrics(dir + "/report.jsonl");
+  EXPECT_EQ(rows.size(), 4u) << "one split under each of the four strategies";
+}
+
 // Reproducible mode in the kit: one gradient, bit for bit, at splits across
 // world sizes 1, 2 and 4; and a strategy whose gradient slices are copies
 // (the exact sum cannot land in it) fails, in the kit and in a run.

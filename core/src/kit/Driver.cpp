@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -133,15 +134,45 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
   std::ofstream(rank_report) << report.dump() << "\n";
 }
 
+namespace {
+
+// --report names a file to write, checked before any work (exit 2 naming
+// it): a directory, the plugin file under test or a missing directory would
+// otherwise lose every row without a word, or replace the plugin.
+std::ofstream open_report(const std::string& path, const std::string& plugin_file) {
+  std::ofstream report;
+  if (path.empty()) return report;
+  std::error_code error;
+  if (fs::is_directory(path, error)) {
+    throw InputError(fmt::format("--report {}: is a directory; expected a file to write", path));
+  }
+  if (fs::equivalent(path, plugin_file, error)) {
+    throw InputError(fmt::format("--report {}: is the plugin under test ({}); the report would replace it", path,
+                                 plugin_file));
+  }
+  report.open(path, std::ios::trunc);
+  if (!report) throw InputError(fmt::format("--report {}: cannot be written ({})", path, std::strerror(errno)));
+  return report;
+}
+
+// The rows reached the file (a full disk shows here): a fault naming it.
+void close_report(std::ofstream& report, const std::string& path) {
+  if (!report.is_open()) return;
+  report.close();
+  if (!report) throw TrainingError(fmt::format("--report {}: write failed", path));
+}
+
+}  // namespace
+
 int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
                     const std::vector<std::string>& strategies, const std::string& executable) {
-  std::ofstream report;
-  if (!request.report.empty()) report.open(request.report, std::ios::trunc);
+  std::ofstream report = open_report(request.report, registry.find(PluginKind::Optimizer, request.optimizer).file);
   std::vector<std::string> failed;
   // Each strategy's first split loads the checkpoint the previous
   // strategy's last split wrote: the optimizer's state across strategies.
   const fs::path carried = fs::temp_directory_path() / fmt::format("trainer-optimizer-kit-{}", getpid());
   std::string previous;
+  int rows_file = 0;
   for (const std::string& strategy : strategies) {
     ConformanceRequest one = request;
     one.strategy = strategy;
@@ -157,7 +188,10 @@ int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
                                       [&](const Split& s) { return s.shard_group > 0 && !hybrid; }),
                        one.splits.end());
     }
-    if (!request.report.empty()) one.report = request.report + "." + strategy;
+    if (!request.report.empty()) {  // this strategy's rows, in the kit's own directory until merged below
+      fs::create_directories(carried);
+      one.report = (carried / fmt::format("report-{}.jsonl", rows_file++)).string();
+    }
     if (check_plugin(registry, one, executable) != 0) failed.push_back(strategy);
     previous = fs::exists(one.keep_last_checkpoint) ? one.keep_last_checkpoint : "";
     if (!request.report.empty()) {  // one report: each row names its strategy
@@ -172,6 +206,7 @@ int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
     }
   }
   remove_tree(carried.string());
+  close_report(report, request.report);
   fmt::print("optimizer '{}': {}\n", request.optimizer,
              failed.empty() ? fmt::format("passes under {}", fmt::join(strategies, ", "))
                             : fmt::format("FAILED under {}", fmt::join(failed, ", ")));
@@ -182,8 +217,7 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
   const LoadedPlugin& plugin = registry.find(PluginKind::Strategy, request.strategy);
   const fs::path scratch = fs::temp_directory_path() / fmt::format("trainer-conformance-{}", getpid());
   fs::create_directories(scratch);
-  std::ofstream report;
-  if (!request.report.empty()) report.open(request.report, std::ios::trunc);
+  std::ofstream report = open_report(request.report, plugin.file);
   fmt::print(
       "conformance of strategy '{}' ({}) with optimizer '{}'\n{:<8} {:>4} {:>12} {:>12} {:>12} {:>8} {:>8}  "
       "result\n",
@@ -306,6 +340,7 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
     }
   }
   remove_tree(scratch.string());
+  close_report(report, request.report);
   fmt::print("tolerances: gradient and norm {:.0e}, parameter change {:.0e} ({:.0e} with bf16 optimizer state); {}\n",
              kGradTolerance, kParamTolerance, kBf16StateParamTolerance, all_pass ? "all pass" : "FAILED");
   return all_pass ? 0 : 1;
