@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
   std::string new_kind, new_name, new_dir;
   CLI::App* new_plugin_cmd = app.add_subcommand(
       "new-plugin", "write a buildable out-of-tree plugin project (CMake, the SDK, a test) to start from");
-  new_plugin_cmd->add_option("kind", new_kind, "strategy, model, dataset, logger or comm")->required();
+  new_plugin_cmd->add_option("kind", new_kind, "strategy, model, dataset, logger, comm or optimizer")->required();
   new_plugin_cmd->add_option("name", new_name, "the plugin's name, as recipes will write it")->required();
   new_plugin_cmd->add_option("dir", new_dir, "the project's directory (must not exist, or be empty)")->required();
 

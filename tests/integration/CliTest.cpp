@@ -1,7 +1,10 @@
 // The command line: exit codes (0 ok, 2 bad input, 1 training failure), the
 // run's outputs, and every recipe in configs/ running. One file: its tests
 // drive the one binary through the same recipe helpers below.
+#include <signal.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -10,6 +13,7 @@
 
 #include <filesystem>
 #include <sstream>
+#include <thread>
 
 #include "TestSupport.h"
 #include "trainer/util/JsonSupport.h"
@@ -571,6 +575,37 @@ TEST(Cli, TokenizeNeverReplacesItsInputsOrLeavesHalfAPair) {
   EXPECT_EQ(read_file(input), corpus);
   EXPECT_EQ(read_file(other), "someone's file\n");
   EXPECT_EQ(read_file(named + "/n.bin"), old_tokens);
+}
+
+// SIGINT or SIGTERM while tokenizing (the partial files exist: the fault
+// hook's marker): the command removes them and ends by the signal; an
+// earlier output of the same name is as it was.
+TEST(Cli, TokenizeStoppedBySignalLeavesNothing) {
+  const std::string tokenizer_dir = testing::qwen3_tokenizer_dir();
+  ASSERT_TRUE(std::filesystem::exists(tokenizer_dir + "/tokenizer.json")) << "run scripts/fetch-tokenizer.sh";
+  const std::string dir = scratch_dir("CliTokenizeSignal");
+  std::string corpus;
+  for (int i = 0; i < 5000; ++i) corpus += Json{{"text", "document " + std::to_string(i)}}.dump() + "\n";
+  write_file(dir + "/corpus.jsonl", corpus);
+  write_file(dir + "/t.bin", "earlier ids");
+  write_file(dir + "/t.bin.docs", "earlier offsets");
+  for (const int number : {SIGINT, SIGTERM}) {
+    const std::string marker = dir + "/writing-" + std::to_string(number);
+    Job job({TRAINER_BINARY, "tokenize", dir + "/corpus.jsonl", "--tokenizer", tokenizer_dir, "--out", dir + "/t.bin"},
+            dir + "/log.txt",
+            {"TRAINER_FAULT_INJECT=slow-tokenize", "TRAINER_FAULT_DELAY_S=2", "TRAINER_FAULT_MARKER=" + marker});
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!std::filesystem::exists(marker) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(std::filesystem::exists(marker)) << read_file(dir + "/log.txt");
+    job.signal(number);
+    EXPECT_EQ(job.wait(), 128 + number) << read_file(dir + "/log.txt");
+    EXPECT_NE(read_file(dir + "/log.txt").find("t.bin: stopped by"), std::string::npos) << read_file(dir + "/log.txt");
+    EXPECT_EQ(temporaries_in(dir), std::vector<std::string>{});
+    EXPECT_EQ(read_file(dir + "/t.bin"), "earlier ids");
+    EXPECT_EQ(read_file(dir + "/t.bin.docs"), "earlier offsets");
+  }
 }
 
 // new-plugin: DIR with a trailing slash is DIR; an empty DIR is named.

@@ -10,6 +10,7 @@
 // existing output is never left half-written.
 #include "tools/Tokenize.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include "trainer/Log.h"
 #include "trainer/util/JsonSupport.h"
 #include "trainer/util/Tokenizer.h"
+#include "util/FaultInjection.h"
 #include "util/Files.h"
 
 namespace trainer {
@@ -93,9 +95,44 @@ class Progress {
   double next_report_ = 0.0;
 };
 
+// SIGINT or SIGTERM while tokenizing: the loop stops at the next block, the
+// partial files are removed, and the signal ends the process as it would
+// have (its default action), so an interrupted command leaves nothing.
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void note_stop_signal(int number) { g_stop_signal.store(number); }
+
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal.store(0);
+    struct sigaction action {};
+    action.sa_handler = note_stop_signal;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, &old_int_);
+    sigaction(SIGTERM, &action, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+struct Stopped {
+  int signal;
+};
+
 }  // namespace
 
-int tokenize_corpus(const TokenizeRequest& request) {
+namespace {
+
+int tokenize_until_stopped(const TokenizeRequest& request) {
   const auto load_start = std::chrono::steady_clock::now();
   std::shared_ptr<const Tokenizer> tokenizer;
   try {
@@ -140,6 +177,7 @@ int tokenize_corpus(const TokenizeRequest& request) {
   // The ids and offsets go to files of this command's own beside the
   // destinations (never an existing file, whatever its name: an input named
   // like a temporary is not truncated), renamed into place once whole.
+  const StopSignals stop_signals;  // before the partial files exist
   struct Cleanup {  // the partial files go unless renamed into place
     fs::path a, b;
     bool done = false;
@@ -187,6 +225,7 @@ int tokenize_corpus(const TokenizeRequest& request) {
       if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
       block.push_back(Line{number, std::move(text), {}, {}});
     }
+    if (const int number = g_stop_signal.load()) throw Stopped{number};
     std::atomic<size_t> next{0};
     std::vector<std::thread> pool;
     for (unsigned t = 0; t < std::min<size_t>(threads, block.size()); ++t) {
@@ -209,6 +248,7 @@ int tokenize_corpus(const TokenizeRequest& request) {
       ++documents;
     }
     if (!out || !docs) break;  // reported below, before anything is renamed
+    inject_slow_write("slow-tokenize");  // tests: a signal arrives while the partial files exist
     if (more) {
       progress.update(bytes_read, static_cast<int64_t>(offset),
                       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -228,6 +268,7 @@ int tokenize_corpus(const TokenizeRequest& request) {
   docs.close();
   written();
   if (documents == 0) throw InputError(fmt::format("{}: no documents", request.input));
+  if (const int number = g_stop_signal.load()) throw Stopped{number};  // the last chance to leave nothing
   fsync_path(out_tmp);
   fsync_path(docs_tmp);
   fs::rename(out_tmp, out_path);
@@ -252,6 +293,19 @@ int tokenize_corpus(const TokenizeRequest& request) {
                   documents, offset, seconds, load_seconds, offset / seconds, total_bytes / seconds / 1e6, threads,
                   out_path.string(), width == 2 ? "uint16" : "uint32", tokenizer->vocab_size(), docs_path.string()));
   return 0;
+}
+
+}  // namespace
+
+int tokenize_corpus(const TokenizeRequest& request) {
+  try {
+    return tokenize_until_stopped(request);
+  } catch (const Stopped& stopped) {
+    log::warn(fmt::format("{}: stopped by {}; no output written", request.out, strsignal(stopped.signal)));
+    signal(stopped.signal, SIG_DFL);
+    raise(stopped.signal);
+    return 128 + stopped.signal;
+  }
 }
 
 }  // namespace trainer
