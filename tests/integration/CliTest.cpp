@@ -555,7 +555,7 @@ TEST(Cli, TokenizeNeverReplacesItsInputsOrLeavesHalfAPair) {
   std::filesystem::create_directories(dir + "/outdir");
   result = trainer(tokenize + dir + "/outdir");
   EXPECT_EQ(result.exit_code, 2) << result.output;
-  EXPECT_TRUE(contains(result, "outdir is a directory")) << result.output;
+  EXPECT_TRUE(contains(result, "outdir: is a directory")) << result.output;
   // ulimit -f 8: 4 kB blocks of 512 bytes; the tokens need more.
   result = run_command("ulimit -f 8; " + std::string(TRAINER_BINARY) + " " + tokenize + dir + "/limited.bin");
   EXPECT_EQ(result.exit_code, 1) << result.output;

@@ -142,14 +142,7 @@ namespace {
 std::ofstream open_report(const std::string& path, const std::string& plugin_file) {
   std::ofstream report;
   if (path.empty()) return report;
-  std::error_code error;
-  if (fs::is_directory(path, error)) {
-    throw InputError(fmt::format("--report {}: is a directory; expected a file to write", path));
-  }
-  if (fs::equivalent(path, plugin_file, error)) {
-    throw InputError(fmt::format("--report {}: is the plugin under test ({}); the report would replace it", path,
-                                 plugin_file));
-  }
+  check_destination("--report", path, path, {{"plugin under test", plugin_file}}, "the report would replace it");
   report.open(path, std::ios::trunc);
   if (!report) throw InputError(fmt::format("--report {}: cannot be written ({})", path, std::strerror(errno)));
   return report;

@@ -26,30 +26,21 @@ namespace {
 // --out names a file to write, never a directory nor one of the command's
 // inputs (the recipe, the token ids, a file a [model] key reads such as
 // init_from): the logits would replace it. Checked before the model is built.
-void check_destination(const Recipe& recipe, const std::string& tokens_file, const std::string& out_file) {
-  namespace fs = std::filesystem;
-  std::error_code error;
-  if (fs::is_directory(out_file, error)) {
-    throw InputError(fmt::format("--out {}: is a directory; expected a file to write", out_file));
-  }
-  std::vector<std::pair<std::string, std::string>> inputs = {{"--tokens", tokens_file}, {"recipe", recipe.file}};
+void check_logits_destination(const Recipe& recipe, const std::string& tokens_file, const std::string& out_file) {
+  std::vector<std::pair<std::string, std::string>> inputs = {{"--tokens file", tokens_file},
+                                                             {"recipe file", recipe.file}};
   for (const Options::Entry& e : recipe.model.options.entries()) {
     if (const auto* text = std::get_if<std::string>(&e.value); text && !text->empty()) {
-      inputs.emplace_back(fmt::format("[model] {} ({})", e.key, e.origin), *text);
+      inputs.emplace_back(fmt::format("[model] {} ({}) file", e.key, e.origin), *text);
     }
   }
-  for (const auto& [what, input] : inputs) {
-    if (fs::equivalent(out_file, input, error)) {
-      throw InputError(
-          fmt::format("--out {}: is the {} file {}; writing the logits would replace it", out_file, what, input));
-    }
-  }
+  check_destination("--out", out_file, out_file, inputs, "writing the logits would replace it");
 }
 
 }  // namespace
 
 void write_logits(const Recipe& recipe, const std::string& tokens_file, const std::string& out_file) {
-  check_destination(recipe, tokens_file, out_file);
+  check_logits_destination(recipe, tokens_file, out_file);
   // A regular file or a pipe (`--tokens <(...)`); a device such as /dev/zero
   // would be read without end. Token ids for a forward pass are small: at
   // most kMaxBytes are read.

@@ -158,21 +158,13 @@ int tokenize_until_stopped(const TokenizeRequest& request) {
   // Both destinations are checked before any work: neither may be a
   // directory, nor one of this command's inputs (it would be replaced by
   // token ids), so that the two renames at the end cannot fail halfway.
+  const std::string tokenizer_file = (fs::path(request.tokenizer) / "tokenizer.json").string();
   for (const fs::path& destination : {out_path, docs_path}) {
-    std::error_code error;
-    if (fs::is_directory(destination, error)) {
-      throw InputError(
-          fmt::format("--out {}: {} is a directory; expected a file to write", request.out, destination.string()));
-    }
-    const std::string tokenizer_file = (fs::path(request.tokenizer) / "tokenizer.json").string();
-    for (const auto& [flag, input] : {std::pair<const char*, std::string>{"--input", request.input},
-                                      {"--tokenizer", request.tokenizer},
-                                      {"--tokenizer", tokenizer_file}}) {
-      if (fs::equivalent(destination, input, error)) {
-        throw InputError(fmt::format("--out {}: {} is the {} file; tokenizing would replace it with token ids",
-                                     request.out, destination.string(), flag));
-      }
-    }
+    check_destination("--out", request.out, destination,
+                      {{"--input file", request.input},
+                       {"--tokenizer file", request.tokenizer},
+                       {"--tokenizer file", tokenizer_file}},
+                      "tokenizing would replace it with token ids");
   }
   // The ids and offsets go to files of this command's own beside the
   // destinations (never an existing file, whatever its name: an input named

@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "trainer/Errors.h"
 
@@ -32,6 +34,27 @@ inline void fsync_path(const std::filesystem::path& path) {
   if (fd >= 0) {
     fsync(fd);
     close(fd);
+  }
+}
+
+/// A command's output file checked before any work: `destination` (the
+/// value of `option`, or a file named after it) is not a directory nor one
+/// of `inputs` (what, path; `what` such as "--tokens file"), which writing
+/// it would replace. Bad input (InputError) beginning with "OPTION VALUE: ",
+/// ending with `consequence`.
+inline void check_destination(const std::string& option, const std::string& value,
+                              const std::filesystem::path& destination,
+                              const std::vector<std::pair<std::string, std::string>>& inputs,
+                              const std::string& consequence) {
+  const std::string where = option + " " + value + ": " + (destination == value ? "" : destination.string() + " ");
+  std::error_code error;
+  if (std::filesystem::is_directory(destination, error)) {
+    throw InputError(where + "is a directory; expected a file to write");
+  }
+  for (const auto& [what, input] : inputs) {
+    if (std::filesystem::equivalent(destination, input, error)) {
+      throw InputError(where + "is the " + what + " " + input + "; " + consequence);
+    }
   }
 }
 
