@@ -536,6 +536,19 @@ TEST(HostileInput, OutputPathsThatAreFilesAreNamed) {
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_TRUE(says(result, "--to " + dir + "/file: expected a directory")) << result.output;
   EXPECT_EQ(read_file(dir + "/file"), "user data\n");
+  // A directory where the run writes one of its own files: named before any
+  // work (it was found after the last step, and the weights never written).
+  const std::vector<std::string> names = {"recipe.toml", "model.safetensors", "config.json", "summary.json",
+                                          "memory.json"};
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    const std::string out = dir + "/blocked-" + std::to_string(i);
+    fs::create_directories(out + "/" + name);
+    result = run(out, "--set training.steps=1");
+    EXPECT_EQ(result.exit_code, 2) << name << "\n" << result.output;
+    EXPECT_TRUE(says(result, "write its " + name + "; " + out + "/" + name + " is a directory")) << result.output;
+    EXPECT_FALSE(fs::exists(out + "/metrics.jsonl")) << name << ": it trained first";
+  }
 }
 
 // A fresh run never mixes its checkpoints with another run's, a resume from

@@ -34,7 +34,8 @@ CommSettings comm_settings(const Recipe& recipe) {
 
 namespace {
 
-// The files a run writes into its output directory replace none it reads:
+// The files a run writes into its output directory can be written (none is
+// a directory) and replace none it reads:
 // the output directory is not a directory a key reads from (model.hf_dir's
 // config.json and model.safetensors, a checkpoint's config.json), and none
 // of the run's files is an input (init_from = "runs/a/model.safetensors"
@@ -55,6 +56,11 @@ void check_outputs_spare_inputs(const Recipe& recipe, const std::string& output_
   const std::vector<std::pair<std::string, std::string>> inputs = recipe.input_files();
   for (const char* name : {"recipe.toml", "model.safetensors", "config.json", "summary.json", "memory.json"}) {
     const fs::path output = fs::path(output_dir) / name;
+    // Found at the end, a directory in the way would cost the run its weights.
+    if (fs::is_directory(output, error)) {
+      recipe.run.fail("output_dir", fmt::format("a directory where the run can write its {}; {} is a directory",
+                                                name, output.string()));
+    }
     for (const auto& [what, input] : inputs) {
       if (!fs::equivalent(output, input, error)) continue;
       if (what == "the recipe") {

@@ -163,7 +163,12 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     std::remove(temporary.c_str());  // a partial file is no use to anyone and takes the space
     throw TrainingError(fmt::format("{}: write failed: {}; it is as it was", path, std::strerror(error)));
   }
-  std::filesystem::rename(temporary, path);
+  std::error_code renamed;
+  std::filesystem::rename(temporary, path, renamed);
+  if (renamed) {
+    std::remove(temporary.c_str());
+    throw InputError(fmt::format("{}: cannot replace it ({})", path, renamed.message()));
+  }
 }
 
 }  // namespace trainer
