@@ -202,13 +202,13 @@ namespace trainer {
 // The helpers every test file uses, named without a preamble of its own.
 using testing::column;
 using testing::CommandResult;
-using testing::temporaries_in;
 using testing::Job;
 using testing::listening_port;
 using testing::read_file;
 using testing::run_command;
 using testing::scratch_dir;
 using testing::source_path;
+using testing::temporaries_in;
 using testing::trainer;
 using testing::write_file;
 

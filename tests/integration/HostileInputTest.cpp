@@ -481,8 +481,12 @@ TEST(HostileInput, RunFilesNeverReplaceWhatTheRunReads) {
   ASSERT_EQ(trainer("export " + dir + " --to " + hf).exit_code, 0);
   const std::string hand = scratch_dir("HiRunInputsHand");
   const std::string recipe = write_file(hand + "/recipe.toml", "# notes\n" + read_file(kQuickstart));
-  const std::vector<std::string> kept = {recipe,         dir + "/model.safetensors", dir + "/config.json",
-                                         hf + "/config.json", hf + "/model.safetensors",  step + "/config.json"};
+  const std::vector<std::string> kept = {recipe,
+                                         dir + "/model.safetensors",
+                                         dir + "/config.json",
+                                         hf + "/config.json",
+                                         hf + "/model.safetensors",
+                                         step + "/config.json"};
   std::vector<std::string> before;
   for (const std::string& file : kept) before.push_back(read_file(file));
   for (const auto& [command, named] : std::vector<std::pair<std::string, std::string>>{
@@ -511,9 +515,8 @@ TEST(HostileInput, RunFilesNeverReplaceWhatTheRunReads) {
 TEST(HostileInput, RunNamesStayBelowRuns) {
   const std::string dir = scratch_dir("HiRunNames");
   for (const std::string name : {"", ".", "..", "/tmp/x", "../x", "a/../.."}) {
-    const CommandResult refused =
-        run_command("cd " + dir + " && " + TRAINER_BINARY + " validate " + kQuickstart + " --set 'run.name=" + name +
-                    "' --set run.output_dir=");
+    const CommandResult refused = run_command("cd " + dir + " && " + TRAINER_BINARY + " validate " + kQuickstart +
+                                              " --set 'run.name=" + name + "' --set run.output_dir=");
     EXPECT_EQ(refused.exit_code, 2) << name << "\n" << refused.output;
     EXPECT_TRUE(says(refused, "[run] name: expected a name for the run's directory below runs/")) << refused.output;
   }

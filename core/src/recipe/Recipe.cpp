@@ -458,7 +458,8 @@ namespace {
 // The string keys outside [[logger]] whose value names an existing path
 // that `wanted` accepts, as ("[section] key", path).
 std::vector<std::pair<std::string, std::string>> keys_naming(
-    const Recipe& recipe, const std::function<bool(const Options&, const Options::Entry&, const std::string&)>& wanted) {
+    const Recipe& recipe,
+    const std::function<bool(const Options&, const Options::Entry&, const std::string&)>& wanted) {
   std::vector<const Options*> sections;
   for (const SectionSpec& s : core_sections()) sections.push_back(&(recipe.*s.options));
   for (const ComponentChoice* c : {&recipe.model, &recipe.dataset, &recipe.strategy, &recipe.optimizer_plugin}) {

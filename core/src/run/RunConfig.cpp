@@ -58,8 +58,8 @@ void check_outputs_spare_inputs(const Recipe& recipe, const std::string& output_
     const fs::path output = fs::path(output_dir) / name;
     // Found at the end, a directory in the way would cost the run its weights.
     if (fs::is_directory(output, error)) {
-      recipe.run.fail("output_dir", fmt::format("a directory where the run can write its {}; {} is a directory",
-                                                name, output.string()));
+      recipe.run.fail("output_dir", fmt::format("a directory where the run can write its {}; {} is a directory", name,
+                                                output.string()));
     }
     for (const auto& [what, input] : inputs) {
       if (!fs::equivalent(output, input, error)) continue;

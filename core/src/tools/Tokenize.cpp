@@ -170,7 +170,8 @@ int tokenize_until_stopped(const TokenizeRequest& request) {
   // destinations (never an existing file, whatever its name: an input named
   // like a temporary is not truncated), renamed into place once whole.
   const StopSignals stop_signals;  // before the partial files exist
-  struct Cleanup {  // the partial files go unless renamed into place
+  // The partial files go unless renamed into place.
+  struct Cleanup {
     fs::path a, b;
     bool done = false;
     ~Cleanup() {
@@ -240,7 +241,8 @@ int tokenize_until_stopped(const TokenizeRequest& request) {
       ++documents;
     }
     if (!out || !docs) break;  // reported below, before anything is renamed
-    inject_slow_write("slow-tokenize");  // tests: a signal arrives while the partial files exist
+    // Tests: a signal arrives while the partial files exist.
+    inject_slow_write("slow-tokenize");
     if (more) {
       progress.update(bytes_read, static_cast<int64_t>(offset),
                       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -4,9 +4,9 @@
 #pragma once
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <ftw.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
