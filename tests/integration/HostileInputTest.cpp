@@ -505,6 +505,14 @@ TEST(HostileInput, RunFilesNeverReplaceWhatTheRunReads) {
   }
   for (size_t i = 0; i < kept.size(); ++i) EXPECT_EQ(read_file(kept[i]), before[i]) << kept[i];
   EXPECT_FALSE(fs::exists(hand + "/metrics.jsonl"));
+  // Values that are not paths do not count: a run named as its output
+  // directory, and one that is also a plugin's name, trains there twice.
+  const std::string named = scratch_dir("HiRunInputsNamed");
+  for (int twice = 0; twice < 2; ++twice) {
+    const CommandResult ran = run_command("cd " + named + " && " + TRAINER_BINARY + " run " + kQuickstart +
+                                          " --set run.name=qwen2 --set run.output_dir=qwen2 --set training.steps=1");
+    EXPECT_EQ(ran.exit_code, 0) << ran.output;
+  }
 }
 
 // With run.output_dir unset the run writes into runs/<run.name>: a name

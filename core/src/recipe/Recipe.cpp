@@ -492,7 +492,11 @@ std::vector<std::pair<std::string, std::string>> Recipe::input_files() const {
 
 std::vector<std::pair<std::string, std::string>> Recipe::input_directories() const {
   return keys_naming(*this, [this](const Options& options, const Options::Entry& e, const std::string& path) {
-    if ((&options == &run && e.key == "output_dir") || (&options == &checkpoint && e.key == "dir")) return false;
+    // Not paths: [run]'s keys (output_dir is where the run writes; a run
+    // named as its output directory is not reading it), the plugin choices
+    // (`name = "qwen2"` beside a directory qwen2), defaults.
+    if (&options == &run || e.key == "name" || e.origin == "default") return false;
+    if (&options == &checkpoint && e.key == "dir") return false;
     std::error_code error;
     return std::filesystem::is_directory(path, error);
   });

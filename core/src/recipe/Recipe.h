@@ -48,9 +48,10 @@ struct Recipe {
   std::vector<std::pair<std::string, std::string>> input_files() const;
 
   /// The directories the run reads, as (what, path): every string key
-  /// outside [[logger]] that names an existing directory (model.hf_dir, a
-  /// tokenizer's directory, checkpoint.resume, ...), except the two that
-  /// name where the run writes (run.output_dir and checkpoint.dir).
+  /// outside [[logger]] and [run] that the recipe or a --set gives and that
+  /// names an existing directory (model.hf_dir, a tokenizer's directory,
+  /// checkpoint.resume, ...), except plugin choices (`name`) and
+  /// checkpoint.dir (where the run writes).
   std::vector<std::pair<std::string, std::string>> input_directories() const;
 
   /// A hash of what a checkpoint may not be resumed without: the model,
