@@ -128,10 +128,6 @@ struct Stopped {
   int signal;
 };
 
-}  // namespace
-
-namespace {
-
 int tokenize_until_stopped(const TokenizeRequest& request) {
   const auto load_start = std::chrono::steady_clock::now();
   std::shared_ptr<const Tokenizer> tokenizer;
