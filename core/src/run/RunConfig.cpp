@@ -54,7 +54,8 @@ void check_outputs_spare_inputs(const Recipe& recipe, const std::string& output_
     }
   }
   const std::vector<std::pair<std::string, std::string>> inputs = recipe.input_files();
-  for (const char* name : {"recipe.toml", "model.safetensors", "config.json", "summary.json", "memory.json"}) {
+  for (const RunFile& file : kRunFiles) {
+    const std::string name = file.name;
     const fs::path output = fs::path(output_dir) / name;
     // Found at the end, a directory in the way would cost the run its weights.
     if (fs::is_directory(output, error)) {

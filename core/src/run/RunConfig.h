@@ -69,6 +69,20 @@ struct RunConfig {
   std::string fingerprint;
 };
 
+/// A file the run writes into its output directory, and what it is.
+struct RunFile {
+  const char* name;
+  const char* what;
+};
+
+/// The run's own files in its output directory: claimed before the loggers
+/// start, and checked by run_config (none a directory, none an input).
+inline constexpr RunFile kRunFiles[] = {{"recipe.toml", "the run's recipe.toml"},
+                                        {"summary.json", "the run's summary.json"},
+                                        {"memory.json", "the run's memory.json"},
+                                        {"model.safetensors", "the run's final weights"},
+                                        {"config.json", "the run's config.json"}};
+
 /// The run's output directory: run.output_dir, or runs/<run.name>.
 std::string output_dir_of(const Recipe& recipe);
 
