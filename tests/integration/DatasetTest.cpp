@@ -131,7 +131,9 @@ TEST(Datasets, JsonlIdsAndErrorsNameFileAndLine) {
   const auto bad = trainer("run " + recipe(dir, bad_dataset, 16));
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("bad.jsonl:2: parse error at line 1, column 21"), std::string::npos) << bad.output;
-  const auto skipped = trainer("run " + recipe(dir, bad_dataset + "skip_bad_lines = true\n", 16));
+  // Another dataset into the directory of the ids.jsonl run: its results go.
+  const auto skipped =
+      trainer("run " + recipe(dir, bad_dataset + "skip_bad_lines = true\n", 16) + " --set run.overwrite=true");
   EXPECT_EQ(skipped.exit_code, 0) << skipped.output;
   EXPECT_NE(skipped.output.find("skipped 2 malformed line(s); the first: " + dir + "/bad.jsonl:2"), std::string::npos)
       << skipped.output;

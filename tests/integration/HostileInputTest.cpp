@@ -535,6 +535,59 @@ TEST(HostileInput, RunNamesStayBelowRuns) {
   EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));
 }
 
+// A fresh run into a directory holding another run's results (its weights
+// and summary.json) replaced them without a word when the recipe had
+// changed (an edited learning rate, the run's name not). Refused by
+// run.output_dir (exit 2) naming the first key that differs, with every file
+// as it was, also with checkpoint.resume = 'auto' and no checkpoint; the
+// same recipe runs again (its loggers and checkpoint keys aside), and
+// run.overwrite = true replaces them.
+TEST(HostileInput, AFreshRunReplacesNoResultsOfAnotherRecipe) {
+  const std::string dir = scratch_dir("HiEarlierResults");
+  ASSERT_EQ(run(dir, "--set training.steps=2").exit_code, 0);
+  const std::vector<std::string> files = {"model.safetensors", "summary.json", "metrics.jsonl", "recipe.toml",
+                                          "config.json"};
+  std::vector<std::string> before;
+  for (const std::string& file : files) before.push_back(read_file(dir + "/" + file));
+  const auto unchanged = [&](const std::string& what) {
+    for (size_t i = 0; i < files.size(); ++i) EXPECT_EQ(read_file(dir + "/" + files[i]), before[i]) << what;
+  };
+  for (const auto& [args, named] : std::vector<std::pair<std::string, std::string>>{
+           {"--set optimizer.lr=0.01", "[optimizer] lr: 0.003 there, 0.01 here"},
+           {"--set training.steps=3 --set checkpoint.resume=auto", "[training] steps: 2 there, 3 here"},
+           {"--set model.hidden_size=32", "[model] hidden_size: 64 there, 32 here"}}) {
+    const CommandResult refused = run(dir, "--set training.steps=2 " + args);
+    EXPECT_EQ(refused.exit_code, 2) << args << "\n" << refused.output;
+    EXPECT_TRUE(says(refused, "[run] output_dir: expected a directory without another run's results; " + dir +
+                                  " holds the model.safetensors and summary.json of a run with another recipe"))
+        << refused.output;
+    EXPECT_TRUE(says(refused, named)) << named << "\n" << refused.output;
+    unchanged(args);
+  }
+  // The same recipe again, logged and checkpointed otherwise: its results
+  // are replaced by equal ones.
+  const CommandResult again =
+      run(dir, "--set training.steps=2 --set checkpoint.interval=5 --set run.name=other --set logger.0.interval=1");
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(read_file(dir + "/model.safetensors"), before[0]);
+  // A recipe.toml that no run wrote, or none: what made the results is unknown.
+  write_file(dir + "/recipe.toml", "# notes\n" + read_file(kQuickstart));
+  CommandResult refused = run(dir, "--set training.steps=2");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_TRUE(says(refused, "of a run whose recipe is unknown (" + dir + "/recipe.toml was not written by a run)"))
+      << refused.output;
+  fs::remove(dir + "/recipe.toml");
+  refused = run(dir, "--set training.steps=2");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_TRUE(says(refused, "of a run whose recipe is not there (" + dir + "/recipe.toml is missing)"))
+      << refused.output;
+  EXPECT_EQ(read_file(dir + "/model.safetensors"), before[0]);
+  // Asked for, they are replaced.
+  const CommandResult replaced = run(dir, "--set training.steps=2 --set optimizer.lr=0.01 --set run.overwrite=true");
+  EXPECT_EQ(replaced.exit_code, 0) << replaced.output;
+  EXPECT_NE(read_file(dir + "/model.safetensors"), before[0]);
+}
+
 // Output paths that are files: named as bad input (exit 2) before any work.
 TEST(HostileInput, OutputPathsThatAreFilesAreNamed) {
   const std::string dir = scratch_dir("HiOutputFiles");

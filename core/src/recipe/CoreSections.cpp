@@ -13,6 +13,9 @@ constexpr KeySpec kRunKeys[] = {
     {"name", VT::String, "'run'", "name of the run, shown by loggers"},
     {"seed", VT::Int, "0", "seed of parameter init, data and sampling", 0, 9.0e15},
     {"output_dir", VT::String, "''", "where recipe.toml and metrics.jsonl go; '' means runs/<name>"},
+    {"overwrite", VT::Bool, "false",
+     "true: a run that starts at step 0 may replace an earlier run's results (model.safetensors, summary.json) in "
+     "its output directory although its recipe differs; false: refused (the same recipe runs again)"},
     {"device", VT::String, "'cpu'", "compute device", -kInf, kInf, "cpu|cuda"},
     {"peak_tflops", VT::Float, "0",
      "per-rank peak TFLOP/s that MFU is relative to; 0: measured at start on CUDA (a bf16 or fp32 matmul), "

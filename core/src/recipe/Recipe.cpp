@@ -435,22 +435,87 @@ Recipe load_recipe(const std::string& file, const std::vector<std::string>& over
   return recipe;
 }
 
-std::string Recipe::resolved_toml() const {
+namespace {
+
+toml::table resolved_table(const Recipe& recipe) {
   toml::table out;
   for (const SectionSpec& s : core_sections()) {
     toml::table section;
-    insert_options(section, this->*s.options);
+    insert_options(section, recipe.*s.options);
     out.insert(s.name, std::move(section));
   }
-  out.insert("model", component_table(model));
-  out.insert("dataset", component_table(dataset));
-  out.insert("strategy", component_table(strategy));
+  out.insert("model", component_table(recipe.model));
+  out.insert("dataset", component_table(recipe.dataset));
+  out.insert("strategy", component_table(recipe.strategy));
   toml::array logger_array;
-  for (const ComponentChoice& logger : loggers) logger_array.push_back(component_table(logger));
+  for (const ComponentChoice& logger : recipe.loggers) logger_array.push_back(component_table(logger));
   out.insert("logger", std::move(logger_array));
+  return out;
+}
+
+std::string node_text(const toml::node* node) {
+  if (!node) return "absent";
+  if (const auto* real = node->as_floating_point()) return fmt::format("{}", real->get());  // shortest form
   std::ostringstream text;
-  text << kResolvedHeader << "\n" << out << "\n";
+  text << toml::node_view<const toml::node>(node);
   return text.str();
+}
+
+}  // namespace
+
+std::string Recipe::resolved_toml() const {
+  std::ostringstream text;
+  text << kResolvedHeader << "\n" << resolved_table(*this) << "\n";
+  return text.str();
+}
+
+std::string Recipe::result_difference(const std::string& earlier) const {
+  toml::table there;
+  try {
+    there = toml::parse(earlier);
+  } catch (const toml::parse_error& error) {
+    return fmt::format("not TOML ({})", error.description());
+  }
+  const toml::table here = resolved_table(*this);
+  // Where the outputs go, what is logged, checkpointed and profiled, how
+  // MFU is reported and how long a collective may wait: none changes the
+  // weights or the losses.
+  const auto ignored = [](const std::string& section, const std::string& key) {
+    static const std::pair<const char*, const char*> kIgnored[] = {
+        {"run", "name"},          {"run", "output_dir"},  {"run", "overwrite"},        {"run", "profile_start"},
+        {"run", "profile_steps"}, {"run", "peak_tflops"}, {"run", "datasheet_tflops"}, {"distributed", "timeout_s"}};
+    if (section == "logger" || section == "checkpoint") return true;
+    return std::any_of(std::begin(kIgnored), std::end(kIgnored),
+                       [&](const auto& k) { return section == k.first && key == k.second; });
+  };
+  std::vector<std::string> sections;
+  for (const toml::table* table : std::initializer_list<const toml::table*>{&here, &there}) {
+    for (const auto& [name, node] : *table) {
+      if (std::find(sections.begin(), sections.end(), name.str()) == sections.end()) sections.emplace_back(name.str());
+    }
+  }
+  for (const std::string& section : sections) {
+    if (ignored(section, "")) continue;
+    const toml::table* a = there[section].as_table();
+    const toml::table* b = here[section].as_table();
+    if (!a || !b) {
+      return fmt::format("[{}]: {} there, {} here", section, a ? "a table" : node_text(there.get(section)),
+                         b ? "a table" : node_text(here.get(section)));
+    }
+    std::vector<std::string> keys;
+    for (const toml::table* table : std::initializer_list<const toml::table*>{b, a}) {
+      for (const auto& [key, node] : *table) {
+        if (std::find(keys.begin(), keys.end(), key.str()) == keys.end()) keys.emplace_back(key.str());
+      }
+    }
+    for (const std::string& key : keys) {
+      if (ignored(section, key)) continue;
+      const std::string was = node_text(a->get(key));
+      const std::string is = node_text(b->get(key));
+      if (was != is) return fmt::format("[{}] {}: {} there, {} here", section, key, was, is);
+    }
+  }
+  return "";
 }
 
 namespace {

@@ -37,6 +37,13 @@ struct Recipe {
   /// The recipe with every default filled in, as TOML: what the run used.
   std::string resolved_toml() const;
 
+  /// How a resolved recipe's text (an earlier run's recipe.toml) differs
+  /// from this recipe in what shapes a run's results, as "[section] key:
+  /// VALUE there, VALUE here" for the first key that differs; "" when none
+  /// does. Where the outputs go, the loggers, [checkpoint], the profiler,
+  /// MFU's peaks and distributed.timeout_s do not count.
+  std::string result_difference(const std::string& earlier) const;
+
   /// The first line of resolved_toml(): a recipe.toml that begins with it
   /// was written by a run.
   static constexpr const char* kResolvedHeader = "# Resolved recipe: every key with the value this run used.";

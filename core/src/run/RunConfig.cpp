@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ops/Dispatch.h"
 #include "run/DeviceStats.h"
@@ -79,6 +81,38 @@ void check_outputs_spare_inputs(const Recipe& recipe, const std::string& output_
 }
 
 }  // namespace
+
+void check_earlier_results(const Recipe& recipe, const std::string& output_dir) {
+  if (recipe.run.boolean("overwrite")) return;
+  std::vector<std::string> results;
+  std::error_code error;
+  for (const char* name : {"model.safetensors", "summary.json"}) {
+    if (fs::exists(fs::path(output_dir) / name, error)) results.emplace_back(name);
+  }
+  if (results.empty()) return;
+  const fs::path earlier = fs::path(output_dir) / "recipe.toml";
+  std::string why;
+  if (!fs::is_regular_file(earlier, error)) {
+    why = fmt::format("of a run whose recipe is not there ({} is missing)", earlier.string());
+  } else {
+    std::ifstream in(earlier, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) {
+      why = fmt::format("of a run whose recipe cannot be read ({})", earlier.string());
+    } else if (text.rfind(std::string(Recipe::kResolvedHeader) + "\n", 0) != 0) {
+      why = fmt::format("of a run whose recipe is unknown ({} was not written by a run)", earlier.string());
+    } else {
+      const std::string difference = recipe.result_difference(text);
+      if (difference.empty()) return;  // the same recipe again: its results are replaced by equal ones
+      why = fmt::format("of a run with another recipe ({}: {})", earlier.string(), difference);
+    }
+  }
+  recipe.run.fail("output_dir",
+                  fmt::format("a directory without another run's results; {} holds the {} {}, which this run "
+                              "would replace: choose another output directory, resume that run "
+                              "(checkpoint.resume = 'auto') if it left checkpoints, or set run.overwrite = true",
+                              output_dir, fmt::join(results, " and "), why));
+}
 
 RunConfig run_config(const Recipe& recipe, int world_size) {
   RunConfig config;

@@ -86,6 +86,14 @@ inline constexpr RunFile kRunFiles[] = {{"recipe.toml", "the run's recipe.toml"}
 /// The run's output directory: run.output_dir, or runs/<run.name>.
 std::string output_dir_of(const Recipe& recipe);
 
+/// A run that starts at step 0 replaces no results of an earlier run with
+/// another recipe: when the output directory holds model.safetensors or
+/// summary.json, its recipe.toml must be a resolved recipe whose results
+/// keys equal this one's (Recipe::result_difference), unless run.overwrite.
+/// InputError naming run.output_dir and the first key that differs; by
+/// train() once it knows the run starts at step 0 (no checkpoint resumed).
+void check_earlier_results(const Recipe& recipe, const std::string& output_dir);
+
 /// The recipe's [distributed] table.
 CommSettings comm_settings(const Recipe& recipe);
 

@@ -405,8 +405,10 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   if (!from.empty()) {
     position = checkpointer.load(from, *run.strategy, *run.model, *run.comm);
     if (run.exact && !position.gradient_exponents.empty()) run.exact->set_exponents(position.gradient_exponents);
-  } else if (policy.resume == "auto") {
-    log::info(fmt::format("no checkpoint under {}; starting at step 0", policy.dir));
+  } else {
+    if (policy.resume == "auto") log::info(fmt::format("no checkpoint under {}; starting at step 0", policy.dir));
+    // A resumed run continues its own results; a fresh one replaces none of another recipe's.
+    check_earlier_results(recipe, context.output_dir);
   }
   GlobalBatchSampler sampler(context.seed, run.dataset->size(), run.dataset->shuffle(), position.order);
   // Every input check has passed: the run's files may be written now.
