@@ -203,10 +203,10 @@ TEST(ConformanceReport, ReportsThatCannotBeWrittenAreRefusedBeforeAnyWork) {
   std::filesystem::copy_file(std::string(TRAINER_FIXTURE_DIR) + "/strategies/trainer-strategy-gradient-copies.so",
                              plugin);
   const std::string bytes = read_file(plugin);
-  for (const auto& [report, message] :
-       std::vector<std::pair<std::string, std::string>>{{plugin, "is the plugin under test"},
-                                                        {dir, "is a directory; expected a file to write"},
-                                                        {dir + "/missing/report.jsonl", "cannot be written"}}) {
+  for (const auto& [report, message] : std::vector<std::pair<std::string, std::string>>{
+           {plugin, "is the plugin under test"},
+           {dir, "is a directory; expected a file to write"},
+           {dir + "/missing/report.jsonl", "the directory " + dir + "/missing does not exist"}}) {
     const auto result = trainer("check-plugin " + plugin + " --split 8,1,1 --report " + report);
     EXPECT_EQ(result.exit_code, 2) << report << "\n" << result.output;
     EXPECT_NE(result.output.find("--report " + report + ": " + message), std::string::npos) << result.output;

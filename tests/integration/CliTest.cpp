@@ -556,6 +556,9 @@ TEST(Cli, TokenizeNeverReplacesItsInputsOrLeavesHalfAPair) {
   result = trainer(tokenize + dir + "/outdir");
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_TRUE(contains(result, "outdir: is a directory")) << result.output;
+  result = trainer(tokenize + dir + "/no/such/t.bin");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(contains(result, "the directory " + dir + "/no/such does not exist")) << result.output;
   // ulimit -f 8: 4 kB blocks of 512 bytes; the tokens need more.
   result = run_command("ulimit -f 8; " + std::string(TRAINER_BINARY) + " " + tokenize + dir + "/limited.bin");
   EXPECT_EQ(result.exit_code, 1) << result.output;
@@ -666,7 +669,10 @@ TEST(Cli, CompareHtmlReportRendersInChromium) {
   EXPECT_EQ(trainer("compare " + dir + "/a " + dir + "/empty").exit_code, 2);
   const CommandResult unwritable = trainer("compare " + dir + "/a " + dir + "/b --html " + dir + "/no/such/dir/r.html");
   EXPECT_EQ(unwritable.exit_code, 2) << unwritable.output;
-  EXPECT_TRUE(contains(unwritable, "--html " + dir + "/no/such/dir/r.html")) << unwritable.output;
+  EXPECT_TRUE(contains(unwritable,
+                       "--html " + dir + "/no/such/dir/r.html: the directory " + dir + "/no/such/dir does not exist"))
+      << unwritable.output;
+  EXPECT_FALSE(contains(unwritable, "dloss[1]")) << "the table came before the error:\n" << unwritable.output;
   // The report replaces an earlier report, never a run's own file nor a directory.
   EXPECT_EQ(trainer("compare " + dir + "/a " + dir + "/b --html " + report).exit_code, 0);
   const std::string metrics = read_file(dir + "/b/metrics.jsonl");

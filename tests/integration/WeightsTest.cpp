@@ -62,9 +62,10 @@ TEST(Weights, ExportLoadsBackAsAHuggingFaceDirectory) {
 }
 
 // `forward --out` never replaces one of the command's inputs (the recipe,
-// the token ids, a file a [model] key reads) nor writes into a directory;
-// each is refused by name with exit 2 and the file is as it was. Checked
-// before the model is built, so the weights file here need not be valid.
+// the token ids, a file a [model] key reads) nor writes into a directory or
+// a missing one; each is refused by name with exit 2 and the file is as it
+// was. Checked before the model is built, so the weights file here need not
+// be valid.
 TEST(Weights, ForwardRefusesToWriteOverItsInputs) {
   const std::string dir = scratch_dir("WeightsForwardInputs");
   const std::string recipe = write_file(dir + "/recipe.toml", read_file(kQuickstart));
@@ -75,7 +76,8 @@ TEST(Weights, ForwardRefusesToWriteOverItsInputs) {
        {std::tuple<std::string, std::string, std::string>{tokens, "the --tokens file", ""},
         {recipe, "the recipe file", ""},
         {weights, "the [model] init_from (--set", init},
-        {dir, "is a directory", ""}}) {
+        {dir, "is a directory", ""},
+        {dir + "/no/such/logits.bin", "the directory " + dir + "/no/such does not exist", ""}}) {
     const auto result = trainer("forward " + recipe + options + " --tokens " + tokens + " --out " + out);
     EXPECT_EQ(result.exit_code, 2) << result.output;
     EXPECT_NE(result.output.find("--out " + out + ": "), std::string::npos) << result.output;

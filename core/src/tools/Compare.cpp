@@ -281,10 +281,8 @@ void write_report(const std::string& path, const std::vector<std::string>& dirs,
 // otherwise replace a compared run's record with the page.
 void check_report_path(const std::string& html) {
   namespace fs = std::filesystem;
+  check_destination("--html", html, html, {}, "");
   std::error_code error;
-  if (fs::is_directory(html, error)) {
-    throw InputError(fmt::format("--html {}: is a directory; expected a file to write the report to", html));
-  }
   if (fs::exists(fs::symlink_status(html, error))) {
     std::string extension = fs::path(html).extension().string();
     std::transform(extension.begin(), extension.end(), extension.begin(),

@@ -38,10 +38,11 @@ inline void fsync_path(const std::filesystem::path& path) {
 }
 
 /// A command's output file checked before any work: `destination` (the
-/// value of `option`, or a file named after it) is not a directory nor one
-/// of `inputs` (what, path; `what` such as "--tokens file"), which writing
-/// it would replace. Bad input (InputError) beginning with "OPTION VALUE: ",
-/// ending with `consequence`.
+/// value of `option`, or a file named after it) is not a directory, lies in
+/// an existing directory (found missing at the end, the work would be
+/// lost), and is none of `inputs` (what, path; `what` such as "--tokens
+/// file"), which writing it would replace. Bad input (InputError)
+/// beginning with "OPTION VALUE: ", an input's ending with `consequence`.
 inline void check_destination(const std::string& option, const std::string& value,
                               const std::filesystem::path& destination,
                               const std::vector<std::pair<std::string, std::string>>& inputs,
@@ -50,6 +51,11 @@ inline void check_destination(const std::string& option, const std::string& valu
   std::error_code error;
   if (std::filesystem::is_directory(destination, error)) {
     throw InputError(where + "is a directory; expected a file to write");
+  }
+  const std::filesystem::path folder = destination.has_parent_path() ? destination.parent_path() : ".";
+  if (!std::filesystem::is_directory(folder, error)) {
+    throw InputError(where + "the directory " + folder.string() + " does not exist; expected a file to write in an " +
+                     "existing directory");
   }
   for (const auto& [what, input] : inputs) {
     if (std::filesystem::equivalent(destination, input, error)) {
