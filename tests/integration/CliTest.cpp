@@ -137,6 +137,67 @@ TEST(Cli, CsvLoggerWritesTheJsonlColumnsAndSurvivesResume) {
   EXPECT_EQ(row, 6u);
 }
 
+// A resumed run whose metrics.csv an earlier version wrote with other
+// columns (here grad_norm missing, and a column old_metric this version
+// does not write): every kept value stays under its name, the rows move
+// into this version's columns (empty where they had none), the old column
+// stays at the end (empty in the new rows), and every row has the header's
+// number of fields. Before, the old rows sat under the new header shifted
+// by a column.
+TEST(Cli, CsvLoggerResumesAFileOfOtherColumns) {
+  const std::string dir = scratch_dir("CliCsvColumns");
+  const std::string recipe = write_file(dir + "/recipe.toml", read_file(kQuickstart) + "\n[[logger]]\nname = 'csv'\n");
+  const std::string out = " --set run.output_dir=" + dir + "/run --set checkpoint.interval=2 --set training.steps=";
+  ASSERT_EQ(trainer("run " + recipe + out + "4").exit_code, 0);
+  const auto split = [](const std::string& line) {
+    std::vector<std::string> fields;
+    std::istringstream in(line);
+    std::string field;
+    while (std::getline(in, field, ',')) fields.push_back(field);
+    if (!line.empty() && line.back() == ',') fields.emplace_back();
+    return fields;
+  };
+  // The earlier version's file: grad_norm (column 2) gone, old_metric = 7 added.
+  std::istringstream written(read_file(dir + "/run/metrics.csv"));
+  std::string line, forged;
+  std::getline(written, line);
+  const std::string current_header = line;
+  while (true) {
+    std::vector<std::string> fields = split(line);
+    fields.erase(fields.begin() + 2);
+    fields.push_back(forged.empty() ? "old_metric" : "7");
+    for (size_t i = 0; i < fields.size(); ++i) forged += (i ? "," : "") + fields[i];
+    forged += "\n";
+    if (!std::getline(written, line)) break;
+  }
+  write_file(dir + "/run/metrics.csv", forged);
+  const CommandResult resumed = trainer("run " + recipe + out + "6 --set checkpoint.resume=auto");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const std::vector<MetricsRow> records = read_metrics(dir + "/run/metrics.jsonl");
+  ASSERT_EQ(records.size(), 6u);
+  std::istringstream csv(read_file(dir + "/run/metrics.csv"));
+  std::getline(csv, line);
+  EXPECT_EQ(line, current_header + ",old_metric");
+  const std::vector<std::string> names = split(line);
+  size_t row = 0;
+  for (; std::getline(csv, line); ++row) {
+    ASSERT_LT(row, records.size()) << line;
+    const std::vector<std::string> fields = split(line);
+    ASSERT_EQ(fields.size(), names.size()) << line;
+    EXPECT_EQ(std::stod(fields[0]), records[row].at("step")) << line;
+    EXPECT_EQ(std::stod(fields[1]), records[row].at("loss")) << line;
+    EXPECT_EQ(names[2], "grad_norm");
+    if (row < 4) {
+      EXPECT_EQ(fields[2], "") << "the earlier file had no grad_norm: " << line;
+      EXPECT_EQ(fields.back(), "7") << line;
+    } else {
+      EXPECT_EQ(std::stod(fields[2]), records[row].at("grad_norm")) << line;
+      EXPECT_EQ(fields.back(), "") << line;
+    }
+  }
+  EXPECT_EQ(row, 6u);
+}
+
 // Throughput, MFU, data time and memory in every record: tokens/s is the
 // input tokens over the step's time; MFU is the FLOPs the step executes
 // over its time and the given peak, with the FLOPs counted here from the

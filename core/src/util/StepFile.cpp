@@ -100,21 +100,31 @@ fs::path claim_run_path(const Options& options, const std::string& key, const Co
 
 void keep_steps_until(const std::string& path, int64_t last_step, const std::string& prefix,
                       const StepOfLine& step_of) {
+  keep_steps_until(path, last_step, prefix, step_of, nullptr);
+}
+
+void keep_steps_until(const std::string& path, int64_t last_step, const std::string& prefix, const StepOfLine& step_of,
+                      const ConvertLine& convert) {
   std::ifstream in(path);
   if (!in) return;
   std::string kept = prefix, line;
   while (std::getline(in, line)) {
     const std::optional<int64_t> step = step_of(line);
-    if (step && *step <= last_step) kept += line + "\n";
+    if (step && *step <= last_step) kept += (convert ? convert(line) : line) + "\n";
   }
   write_file_atomically(path, kept);
 }
 
 void StepFile::open_lines(const fs::path& path, int64_t first_step, const std::string& header,
                           const StepOfLine& step_of) {
+  open_lines(path, first_step, header, step_of, nullptr);
+}
+
+void StepFile::open_lines(const fs::path& path, int64_t first_step, const std::string& header,
+                          const StepOfLine& step_of, const ConvertLine& convert) {
   path_ = path;
   if (first_step > 0 && fs::exists(path_)) {
-    keep_steps_until(path_.string(), first_step, header, step_of);
+    keep_steps_until(path_.string(), first_step, header, step_of, convert);
     out_.open(path_, std::ios::app);
   } else {
     out_.open(path_, std::ios::trunc);

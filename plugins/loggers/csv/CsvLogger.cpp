@@ -3,10 +3,14 @@
 // significant digits (non-finite ones are written nan / inf; a memory
 // figure that does not apply to the device is left empty), so a
 // spreadsheet or pandas sees exactly what the jsonl file holds.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -22,6 +26,15 @@ std::string header() {
   std::string names;
   for (const MetricField& f : metric_fields(StepRecord{})) names += (names.empty() ? "" : ",") + std::string(f.name);
   return names;
+}
+
+std::vector<std::string> split_commas(const std::string& line) {
+  std::vector<std::string> fields;
+  std::istringstream in(line);
+  std::string field;
+  while (std::getline(in, field, ',')) fields.push_back(field);
+  if (!line.empty() && line.back() == ',') fields.emplace_back();
+  return fields;
 }
 
 // A row's step is its first column; the header and a torn last row have none.
@@ -41,7 +54,43 @@ class CsvLogger final : public Logger {
 
   // A resumed run continues the file: the header and the rows up to the
   // checkpoint's step are kept, later ones (written before a crash) dropped.
-  void start(const RunInfo& info) override { file_.open_lines(path_, info.first_step, header() + "\n", step_of_row); }
+  // A file written by a version with other columns (a metric added or
+  // removed since) keeps every value under its name: its rows move into
+  // this version's columns (empty where they had none), and a column this
+  // version no longer writes stays at the end, empty in the new rows.
+  void start(const RunInfo& info) override {
+    std::string names = header();
+    ConvertLine convert;
+    std::ifstream earlier(path_);
+    std::string first;
+    if (info.first_step > 0 && earlier && std::getline(earlier, first) && first != names) {
+      const std::vector<std::string> old_names = split_commas(first);
+      std::vector<std::string> now = split_commas(names);
+      for (const std::string& name : old_names) {
+        if (std::find(now.begin(), now.end(), name) == now.end()) {
+          now.push_back(name);
+          names += "," + name;
+          ++kept_columns_;
+        }
+      }
+      std::vector<int> source;  // per column now, its index in the old rows (-1: none)
+      for (const std::string& name : now) {
+        const auto at = std::find(old_names.begin(), old_names.end(), name);
+        source.push_back(at == old_names.end() ? -1 : static_cast<int>(at - old_names.begin()));
+      }
+      convert = [source](const std::string& line) {
+        const std::vector<std::string> fields = split_commas(line);
+        std::string row;
+        for (size_t i = 0; i < source.size(); ++i) {
+          if (i > 0) row += ",";
+          if (source[i] >= 0 && static_cast<size_t>(source[i]) < fields.size()) row += fields[source[i]];
+        }
+        return row;
+      };
+    }
+    earlier.close();
+    file_.open_lines(path_, info.first_step, names + "\n", step_of_row, convert);
+  }
 
   void log(const StepRecord& r) override {
     std::string row;
@@ -52,7 +101,7 @@ class CsvLogger final : public Logger {
       else if (std::isfinite(f.value))
         row += fmt::format("{:.0f}", f.value);  // unknown: empty
     }
-    file_.write(row + "\n");
+    file_.write(row + std::string(kept_columns_, ',') + "\n");
   }
 
   void finish() override { file_.finish(); }
@@ -60,6 +109,7 @@ class CsvLogger final : public Logger {
  private:
   std::filesystem::path path_;
   StepFile file_;
+  size_t kept_columns_ = 0;  ///< columns of an earlier version's file that this one does not write
 };
 
 constexpr KeySpec kKeys[] = {

@@ -33,13 +33,20 @@ std::filesystem::path claim_run_path(const Options& options, const std::string& 
 /// line without one (a header, a crashed run's torn last line).
 using StepOfLine = std::function<std::optional<int64_t>(const std::string& line)>;
 
-/// For a file logger of a resumed run: rewrites `path` (atomically: into
-/// PATH.tmp, flushed, renamed over it) as `prefix` followed by the lines
-/// whose `step_of` is at most `last_step`; lines without a step and later
+/// What a kept line becomes in the resumed run's file (a CSV row moved
+/// into this version's columns).
+using ConvertLine = std::function<std::string(const std::string& line)>;
+
+/// For a file logger of a resumed run: rewrites `path` (atomically: into a
+/// file of its own beside it, flushed, renamed over it) as `prefix`
+/// followed by the lines whose `step_of` is at most `last_step`, each
+/// through `convert` when one is given; lines without a step and later
 /// steps are dropped, so every step appears once. A missing file is left
 /// alone. Throws InputError naming the file when the rewrite cannot be
 /// written; `path` then stays as it was.
 void keep_steps_until(const std::string& path, int64_t last_step, const std::string& prefix, const StepOfLine& step_of);
+void keep_steps_until(const std::string& path, int64_t last_step, const std::string& prefix, const StepOfLine& step_of,
+                      const ConvertLine& convert);
 
 /// One logger's file. Not thread-safe: loggers are called from the
 /// training thread only.
@@ -52,6 +59,9 @@ class StepFile {
   /// appends. InputError naming the file when it cannot be opened.
   void open_lines(const std::filesystem::path& path, int64_t first_step, const std::string& header,
                   const StepOfLine& step_of);
+  /// The same, each kept line through `convert` (keep_steps_until).
+  void open_lines(const std::filesystem::path& path, int64_t first_step, const std::string& header,
+                  const StepOfLine& step_of, const ConvertLine& convert);
   /// A new binary file, truncated. InputError naming it when it cannot be opened.
   void open_binary(const std::filesystem::path& path);
   /// Appends `bytes` and flushes, so that a crash leaves whole records;
