@@ -679,6 +679,45 @@ TEST(HostileInput, ACheckpointOfAnotherLayoutOrSeedIsRefused) {
   EXPECT_EQ(run(dir, shape + "--set training.steps=3 --set checkpoint.resume=auto").exit_code, 0);
 }
 
+// The data a checkpoint was made of changed at the same path (a token file
+// grown by appended documents): the resumed run went on over another data
+// order without a word. Refused naming both sizes (exit 2), the metrics as
+// they were; with the data as it was the checkpoint resumes, and a manifest
+// written before the size was recorded resumes too.
+TEST(HostileInput, ACheckpointOfOtherDataIsRefused) {
+  const std::string recipe = testing::token_file_quickstart("HiDataChanged", 40);
+  ASSERT_FALSE(recipe.empty());
+  const std::string data = fs::path(recipe).parent_path().string();
+  const std::string dir = data + "/run";
+  const std::string common = "run " + recipe + " --set run.output_dir=" + dir + " --set checkpoint.interval=2 ";
+  ASSERT_EQ(trainer(common + "--set training.steps=2").exit_code, 0);
+  const std::string manifest = dir + "/checkpoints/step-00000002/manifest.json";
+  EXPECT_EQ(json_parse(read_file(manifest)).at("dataset_samples"), 40);
+  const std::string other = data + "/other";  // a copy, for an earlier version's manifest below
+  fs::create_directories(other);
+  fs::copy(dir + "/checkpoints", other + "/checkpoints", fs::copy_options::recursive);
+  const std::string tokens = read_file(data + "/tokens.bin");
+  const std::string metrics = read_file(dir + "/metrics.jsonl");
+  write_file(data + "/tokens.bin", tokens + tokens.substr(0, 32 * 8 * 2));  // 8 windows more
+  const CommandResult refused = trainer(common + "--set training.steps=4 --set checkpoint.resume=auto");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_TRUE(says(refused, manifest + ": written by a run whose dataset gave 40 samples; this run's gives 48"))
+      << refused.output;
+  EXPECT_EQ(read_file(dir + "/metrics.jsonl"), metrics);
+  // Without the field (an earlier version's manifest) the size is not known: it resumes.
+  const std::string copied = other + "/checkpoints/step-00000002/manifest.json";
+  Json without = json_parse(read_file(copied));
+  without.erase("dataset_samples");
+  write_file(copied, without.dump(1) + "\n");
+  reseal(copied);
+  const CommandResult legacy = trainer("run " + recipe + " --set run.output_dir=" + other +
+                                       " --set training.steps=3 --set checkpoint.resume=auto");
+  EXPECT_EQ(legacy.exit_code, 0) << legacy.output;
+  write_file(data + "/tokens.bin", tokens);
+  const CommandResult resumed = trainer(common + "--set training.steps=4 --set checkpoint.resume=auto");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+}
+
 // A checkpoint written before data order "feistel-1" (no run_id, the old
 // sampler text, the recipe-only fingerprint) resumes, keeping its order.
 TEST(HostileInput, ACheckpointOfThePreviousDataOrderResumesWithIt) {

@@ -270,6 +270,7 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
       manifest["config"] = Json{
           {"name", "config.json"}, {"xxh3_128", text_xxh3(config)}, {"bytes", static_cast<int64_t>(config.size())}};
     }
+    if (dataset_samples_ >= 0) manifest["dataset_samples"] = dataset_samples_;
     if (!position.gradient_exponents.empty()) {
       Json exponents = Json::array();
       for (const int64_t e : position.gradient_exponents) {
@@ -463,6 +464,19 @@ TrainingPosition Checkpointer::load(const std::string& dir, Strategy& strategy, 
         fmt::format("{}: written by a run with another model, dataset, seed, optimizer or global batch size; "
                     "resume only what the checkpoint was made of",
                     file.string()));
+  }
+  // Checkpoints written before the dataset's size was recorded hold none.
+  if (const Json* samples = json_find(manifest, "dataset_samples"); samples && dataset_samples_ >= 0) {
+    if (!json_is_int64(*samples) || samples->get<int64_t>() < 0) {
+      throw InputError(fmt::format("{}: 'dataset_samples' must be an integer >= 0", file.string()));
+    }
+    if (samples->get<int64_t>() != dataset_samples_) {
+      throw InputError(fmt::format(
+          "{}: written by a run whose dataset gave {} samples; this run's gives {}: the data changed since "
+          "(another file at the same path, or the same one grown or re-tokenized), and the data order would "
+          "differ from the checkpoint's; resume with the data the checkpoint was made of",
+          file.string(), samples->get<int64_t>(), dataset_samples_));
+    }
   }
   const int saved_world = static_cast<int>(member(manifest, "world_size", file).get<int64_t>());
   const std::vector<std::vector<Range>> ranges = manifest::file_ranges(manifest, file);

@@ -46,6 +46,13 @@ class Checkpointer {
                std::string strategy_name, torch::Device device,
                std::vector<std::string> state_names = {"exp_avg", "exp_avg_sq"});
 
+  /// The number of samples the run's dataset gives (Dataset::size), written
+  /// into every manifest and checked by load(): the data order over a
+  /// dataset of another size is another order, so a checkpoint whose data
+  /// changed since (a corpus re-tokenized or appended to at the same path)
+  /// is refused instead of resuming onto other samples. Unset (-1): neither.
+  void set_dataset_samples(int64_t samples) { dataset_samples_ = samples; }
+
   /// Collective. Writes into step-N.tmp, fsyncs, renames to step-N, then
   /// prunes this run's checkpoints (those of its lineage: started by it, or
   /// by the run it resumed, and so on) older than step-N beyond `keep`;
@@ -90,6 +97,7 @@ class Checkpointer {
   std::string legacy_fingerprint_;
   std::string lineage_;                       // the manifests' run_id; "" for checkpoints written before it
   SampleOrder order_ = SampleOrder::Feistel;  // the resumed run's (load)
+  int64_t dataset_samples_ = -1;              // set_dataset_samples; -1: not recorded
   std::string strategy_name_;
   torch::Device device_;
   std::vector<std::string> names_;  // "values", then the optimizer's state names

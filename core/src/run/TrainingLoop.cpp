@@ -394,6 +394,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   // Checkpoints, and where this run starts.
   Checkpointer checkpointer(policy.dir, policy.keep, run_fingerprint(config.fingerprint, config.seed, *run.model),
                             config.fingerprint, info.strategy, run.device, run.optimizer->state_names());
+  checkpointer.set_dataset_samples(run.dataset->size());
   TrainingPosition position;
   int64_t from_step = 0;
   const std::string from = checkpointer.resolve(policy.resume, *run.comm, &from_step);

@@ -76,6 +76,7 @@ const std::vector<std::string>& sdk_type_names() {
                                                  "CommWork",
                                                  "Component",
                                                  "Context",
+                                                 "ConvertLine",
                                                  "CreateFn",
                                                  "Dataset",
                                                  "DescribeFn",
