@@ -564,15 +564,24 @@ TEST(HostileInput, AFreshRunReplacesNoResultsOfAnotherRecipe) {
     EXPECT_TRUE(says(refused, named)) << named << "\n" << refused.output;
     unchanged(args);
   }
+  CommandResult refused;
   // The same recipe again, logged and checkpointed otherwise: its results
   // are replaced by equal ones.
   const CommandResult again =
       run(dir, "--set training.steps=2 --set checkpoint.interval=5 --set run.name=other --set logger.0.interval=1");
   EXPECT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(read_file(dir + "/model.safetensors"), before[0]);
+  // An earlier version's recipe.toml, without a key added since: at its
+  // default here, the recipe is the same; set otherwise, it differs.
+  replace_in_file(dir + "/recipe.toml", "gemm_library = 'cublaslt-timed'\n", "");
+  EXPECT_EQ(run(dir, "--set training.steps=2").exit_code, 0);
+  replace_in_file(dir + "/recipe.toml", "gemm_library = 'cublaslt-timed'\n", "");
+  refused = run(dir, "--set training.steps=2 --set training.gemm_library=libtorch");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_TRUE(says(refused, "[training] gemm_library: absent there, 'libtorch' here")) << refused.output;
   // A recipe.toml that no run wrote, or none: what made the results is unknown.
   write_file(dir + "/recipe.toml", "# notes\n" + read_file(kQuickstart));
-  CommandResult refused = run(dir, "--set training.steps=2");
+  refused = run(dir, "--set training.steps=2");
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_TRUE(says(refused, "of a run whose recipe is unknown (" + dir + "/recipe.toml was not written by a run)"))
       << refused.output;

@@ -453,6 +453,22 @@ toml::table resolved_table(const Recipe& recipe) {
   return out;
 }
 
+// `key` of the recipe's table `section` took its default value.
+bool took_default(const Recipe& recipe, const std::string& section, const std::string& key) {
+  const Options* options = nullptr;
+  for (const SectionSpec& s : core_sections()) {
+    if (section == s.name) options = &(recipe.*s.options);
+  }
+  if (section == "model") options = &recipe.model.options;
+  if (section == "dataset") options = &recipe.dataset.options;
+  if (section == "strategy") options = &recipe.strategy.options;
+  if (!options) return false;
+  for (const Options::Entry& e : options->entries()) {
+    if (e.key == key) return e.origin == "default";
+  }
+  return false;
+}
+
 std::string node_text(const toml::node* node) {
   if (!node) return "absent";
   if (const auto* real = node->as_floating_point()) return fmt::format("{}", real->get());  // shortest form
@@ -510,6 +526,9 @@ std::string Recipe::result_difference(const std::string& earlier) const {
     }
     for (const std::string& key : keys) {
       if (ignored(section, key)) continue;
+      // A key added since the earlier run's version, at its default here
+      // (which keeps the earlier behaviour), is no difference.
+      if (!a->get(key) && took_default(*this, section, key)) continue;
       const std::string was = node_text(a->get(key));
       const std::string is = node_text(b->get(key));
       if (was != is) return fmt::format("[{}] {}: {} there, {} here", section, key, was, is);

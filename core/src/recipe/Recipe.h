@@ -41,7 +41,8 @@ struct Recipe {
   /// from this recipe in what shapes a run's results, as "[section] key:
   /// VALUE there, VALUE here" for the first key that differs; "" when none
   /// does. Where the outputs go, the loggers, [checkpoint], the profiler,
-  /// MFU's peaks and distributed.timeout_s do not count.
+  /// MFU's peaks and distributed.timeout_s do not count, nor a key the
+  /// earlier recipe lacks (added since) that this one leaves at its default.
   std::string result_difference(const std::string& earlier) const;
 
   /// The first line of resolved_toml(): a recipe.toml that begins with it
