@@ -453,18 +453,24 @@ toml::table resolved_table(const Recipe& recipe) {
   return out;
 }
 
+// The recipe's tables outside [[logger]]: the core sections, then the
+// components' (the optimizer's own keys again, as its plugin sees them).
+std::vector<const Options*> tables_of(const Recipe& recipe) {
+  std::vector<const Options*> tables;
+  for (const SectionSpec& s : core_sections()) tables.push_back(&(recipe.*s.options));
+  for (const ComponentChoice* c : {&recipe.model, &recipe.dataset, &recipe.strategy, &recipe.optimizer_plugin}) {
+    tables.push_back(&c->options);
+  }
+  return tables;
+}
+
 // `key` of the recipe's table `section` took its default value.
 bool took_default(const Recipe& recipe, const std::string& section, const std::string& key) {
-  const Options* options = nullptr;
-  for (const SectionSpec& s : core_sections()) {
-    if (section == s.name) options = &(recipe.*s.options);
-  }
-  if (section == "model") options = &recipe.model.options;
-  if (section == "dataset") options = &recipe.dataset.options;
-  if (section == "strategy") options = &recipe.strategy.options;
-  if (!options) return false;
-  for (const Options::Entry& e : options->entries()) {
-    if (e.key == key) return e.origin == "default";
+  for (const Options* options : tables_of(recipe)) {
+    if (options->section() != section) continue;
+    for (const Options::Entry& e : options->entries()) {
+      if (e.key == key) return e.origin == "default";
+    }
   }
   return false;
 }
@@ -544,13 +550,8 @@ namespace {
 std::vector<std::pair<std::string, std::string>> keys_naming(
     const Recipe& recipe,
     const std::function<bool(const Options&, const Options::Entry&, const std::string&)>& wanted) {
-  std::vector<const Options*> sections;
-  for (const SectionSpec& s : core_sections()) sections.push_back(&(recipe.*s.options));
-  for (const ComponentChoice* c : {&recipe.model, &recipe.dataset, &recipe.strategy, &recipe.optimizer_plugin}) {
-    sections.push_back(&c->options);
-  }
   std::vector<std::pair<std::string, std::string>> named;
-  for (const Options* options : sections) {
+  for (const Options* options : tables_of(recipe)) {
     for (const Options::Entry& e : options->entries()) {
       const auto* text = std::get_if<std::string>(&e.value);
       if (text && !text->empty() && wanted(*options, e, *text)) {
