@@ -109,7 +109,7 @@ void check_earlier_results(const Recipe& recipe, const std::string& output_dir) 
   }
   recipe.run.fail("output_dir",
                   fmt::format("a directory without another run's results; {} holds the {} {}, which this run "
-                              "would replace: choose another output directory, resume that run "
+                              "would replace: choose another run.name or run.output_dir, resume that run "
                               "(checkpoint.resume = 'auto') if it left checkpoints, or set run.overwrite = true",
                               output_dir, fmt::join(results, " and "), why));
 }
