@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -36,6 +37,15 @@ CommSettings comm_settings(const Recipe& recipe) {
 
 namespace {
 
+// The text of a recipe.toml a run wrote (its first line
+// Recipe::kResolvedHeader); nullopt for any other file, or none.
+std::optional<std::string> resolved_recipe_at(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad() || text.rfind(std::string(Recipe::kResolvedHeader) + "\n", 0) != 0) return std::nullopt;
+  return text;
+}
+
 // The files a run writes into its output directory can be written (none is
 // a directory) and replace none it reads:
 // the output directory is not a directory a key reads from (model.hf_dir's
@@ -66,11 +76,7 @@ void check_outputs_spare_inputs(const Recipe& recipe, const std::string& output_
     }
     for (const auto& [what, input] : inputs) {
       if (!fs::equivalent(output, input, error)) continue;
-      if (what == "the recipe") {
-        std::ifstream in(input);
-        std::string first;
-        if (std::getline(in, first) && first == Recipe::kResolvedHeader) continue;
-      }
+      if (what == "the recipe" && resolved_recipe_at(input)) continue;
       const std::string spelled = input == output.string() ? "" : fmt::format(" ({})", input);
       recipe.run.fail("output_dir",
                       fmt::format("a directory where the run's files replace none it reads; {} is {}{}, which "
@@ -94,18 +100,12 @@ void check_earlier_results(const Recipe& recipe, const std::string& output_dir) 
   std::string why;
   if (!fs::is_regular_file(earlier, error)) {
     why = fmt::format("of a run whose recipe is not there ({} is missing)", earlier.string());
+  } else if (const std::optional<std::string> text = resolved_recipe_at(earlier); !text) {
+    why = fmt::format("of a run whose recipe is unknown ({} was not written by a run)", earlier.string());
   } else {
-    std::ifstream in(earlier, std::ios::binary);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (!in.good() && !in.eof()) {
-      why = fmt::format("of a run whose recipe cannot be read ({})", earlier.string());
-    } else if (text.rfind(std::string(Recipe::kResolvedHeader) + "\n", 0) != 0) {
-      why = fmt::format("of a run whose recipe is unknown ({} was not written by a run)", earlier.string());
-    } else {
-      const std::string difference = recipe.result_difference(text);
-      if (difference.empty()) return;  // the same recipe again: its results are replaced by equal ones
-      why = fmt::format("of a run with another recipe ({}: {})", earlier.string(), difference);
-    }
+    const std::string difference = recipe.result_difference(*text);
+    if (difference.empty()) return;  // the same recipe again: its results are replaced by equal ones
+    why = fmt::format("of a run with another recipe ({}: {})", earlier.string(), difference);
   }
   recipe.run.fail("output_dir",
                   fmt::format("a directory without another run's results; {} holds the {} {}, which this run "
