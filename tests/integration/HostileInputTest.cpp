@@ -86,9 +86,10 @@ TEST(HostileInput, PreviousCheckpointFormatStillResumes) {
   for (const unsigned char c : shard) fnv = (fnv ^ c) * 0x100000001b3ULL;
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(fnv));
-  // Format 1 listed no config.json checksum (nor a manifest.xxh3, removed below).
+  // Format 1 listed no config.json or recipe.toml checksum (nor a manifest.xxh3, removed below).
   Json format1 = json_parse(read_file(step + "/manifest.json"));
   ASSERT_EQ(format1.erase("config"), 1u);
+  ASSERT_EQ(format1.erase("recipe"), 1u);
   std::string manifest = format1.dump(1) + "\n";
   const size_t at = manifest.find("\"xxh3_128\": \"");
   ASSERT_NE(at, std::string::npos) << manifest;
@@ -725,6 +726,62 @@ TEST(HostileInput, ACheckpointOfOtherDataIsRefused) {
   write_file(data + "/tokens.bin", tokens);
   const CommandResult resumed = trainer(common + "--set training.steps=4 --set checkpoint.resume=auto");
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+}
+
+// A resume under another recipe (a longer schedule, another warm-up) keeps
+// the recipe its earlier steps were trained with: every checkpoint holds its
+// recipe.toml (checksummed), kept as recipe.until-step-N.toml beside the
+// new recipe.toml. A resume under the same recipe keeps none; a resume from
+// an earlier step removes those of the steps it trains again.
+TEST(HostileInput, AResumeUnderAnotherRecipeKeepsTheEarlierOne) {
+  const std::string dir = scratch_dir("HiRecipeHistory");
+  const std::string common = "--set checkpoint.interval=2 --set checkpoint.keep=3 --set checkpoint.resume=auto ";
+  const auto kept = [&dir] {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("recipe.until", 0) == 0) names.push_back(name);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  ASSERT_EQ(run(dir, common + "--set training.steps=2").exit_code, 0);
+  const std::string first = read_file(dir + "/recipe.toml");
+  const std::string checkpoints = dir + "/checkpoints/step-0000000";
+  EXPECT_EQ(read_file(checkpoints + "2/recipe.toml"), first);
+  const CommandResult same = run(dir, common + "--set training.steps=2");
+  ASSERT_EQ(same.exit_code, 0) << same.output;
+  EXPECT_EQ(kept(), std::vector<std::string>{});
+
+  const CommandResult longer = run(dir, common + "--set training.steps=4 --set lr_schedule.warmup_steps=3");
+  ASSERT_EQ(longer.exit_code, 0) << longer.output;
+  EXPECT_TRUE(
+      says(longer, "[lr_schedule] warmup_steps: 10 there, 3 here): kept as " + dir + "/recipe.until-step-2.toml"))
+      << longer.output;
+  EXPECT_EQ(kept(), std::vector<std::string>{"recipe.until-step-2.toml"});
+  EXPECT_EQ(read_file(dir + "/recipe.until-step-2.toml"), first);
+  const std::string second = read_file(dir + "/recipe.toml");
+  EXPECT_NE(second.find("warmup_steps = 3"), std::string::npos) << second;
+  EXPECT_EQ(read_file(checkpoints + "4/recipe.toml"), second);
+
+  ASSERT_EQ(run(dir, common + "--set training.steps=6 --set lr_schedule.warmup_steps=3").exit_code, 0);
+  EXPECT_EQ(kept(), (std::vector<std::string>{"recipe.until-step-2.toml", "recipe.until-step-4.toml"}));
+  EXPECT_EQ(read_file(dir + "/recipe.until-step-4.toml"), second);
+
+  // Back to step 2 (the later checkpoints removed by hand): the steps after
+  // it are trained again, and the recipe kept for step 4 goes with them.
+  fs::remove_all(checkpoints + "4");
+  fs::remove_all(checkpoints + "6");
+  const CommandResult again = run(dir, common + "--set training.steps=4 --set lr_schedule.warmup_steps=3");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(kept(), std::vector<std::string>{"recipe.until-step-2.toml"});
+  EXPECT_EQ(read_file(dir + "/recipe.until-step-2.toml"), first);
+
+  // The recipe is checksummed with the checkpoint.
+  replace_in_file(checkpoints + "4/recipe.toml", "warmup_steps = 3", "warmup_steps = 4");
+  const CommandResult damaged = run(dir, "--set training.steps=6 --set checkpoint.resume=" + checkpoints + "4");
+  EXPECT_EQ(damaged.exit_code, 2) << damaged.output;
+  EXPECT_TRUE(says(damaged, checkpoints + "4/recipe.toml: checksum")) << damaged.output;
 }
 
 // A checkpoint written before data order "feistel-1" (no run_id, the old

@@ -270,6 +270,12 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
       manifest["config"] = Json{
           {"name", "config.json"}, {"xxh3_128", text_xxh3(config)}, {"bytes", static_cast<int64_t>(config.size())}};
     }
+    // The recipe the run was at when it wrote this step, checksummed too:
+    // a resume under another recipe keeps it beside the run's outputs.
+    if (!recipe_.empty()) {
+      manifest["recipe"] = Json{
+          {"name", "recipe.toml"}, {"xxh3_128", text_xxh3(recipe_)}, {"bytes", static_cast<int64_t>(recipe_.size())}};
+    }
     if (dataset_samples_ >= 0) manifest["dataset_samples"] = dataset_samples_;
     if (!position.gradient_exponents.empty()) {
       Json exponents = Json::array();
@@ -282,6 +288,7 @@ std::string Checkpointer::save(Strategy& strategy, Model& model, Comm& comm, con
     write_file_atomically(temporary / "manifest.json", manifest_text);
     write_file_atomically(temporary / "manifest.xxh3", text_xxh3(manifest_text) + "\n");
     if (!config.empty()) write_file_atomically(temporary / "config.json", config);
+    if (!recipe_.empty()) write_file_atomically(temporary / "recipe.toml", recipe_);
     fsync_path(temporary);
     remove_tree(final_dir.string());
     fs::rename(temporary, final_dir);
@@ -298,6 +305,16 @@ void Checkpointer::verify(const std::string& dir) {
   for (const Json& f : member(manifest, "files", file)) verify_file(dir, manifest, f);
   // Checkpoints written before config.json was checksummed list none.
   if (const Json* config = json_find(manifest, "config")) verify_file(dir, manifest, *config);
+  if (const Json* recipe = json_find(manifest, "recipe")) verify_file(dir, manifest, *recipe);
+}
+
+std::optional<std::string> Checkpointer::recipe_of(const std::string& dir) {
+  if (!json_find(trainer::manifest::read(dir), "recipe")) return std::nullopt;
+  const fs::path path = fs::path(dir) / "recipe.toml";
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in) throw InputError(fmt::format("{}: cannot be read", path.string()));
+  return text;
 }
 
 std::string Checkpointer::resolve(const std::string& resume, Comm& comm, int64_t* step) {

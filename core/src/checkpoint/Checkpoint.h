@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,15 @@ class Checkpointer {
   /// changed since (a corpus re-tokenized or appended to at the same path)
   /// is refused instead of resuming onto other samples. Unset (-1): neither.
   void set_dataset_samples(int64_t samples) { dataset_samples_ = samples; }
+
+  /// The run's resolved recipe (Recipe::resolved_toml), written as
+  /// recipe.toml into every checkpoint, checksummed by the manifest: the
+  /// recipe its steps were trained with. Unset (""): none.
+  void set_recipe(std::string resolved_toml) { recipe_ = std::move(resolved_toml); }
+
+  /// The recipe.toml a verified checkpoint holds; nullopt for one written
+  /// before checkpoints held their recipe.
+  static std::optional<std::string> recipe_of(const std::string& dir);
 
   /// Collective. Writes into step-N.tmp, fsyncs, renames to step-N, then
   /// prunes this run's checkpoints (those of its lineage: started by it, or
@@ -98,6 +108,7 @@ class Checkpointer {
   std::string lineage_;                       // the manifests' run_id; "" for checkpoints written before it
   SampleOrder order_ = SampleOrder::Feistel;  // the resumed run's (load)
   int64_t dataset_samples_ = -1;              // set_dataset_samples; -1: not recorded
+  std::string recipe_;                        // set_recipe; "": none written
   std::string strategy_name_;
   torch::Device device_;
   std::vector<std::string> names_;  // "values", then the optimizer's state names

@@ -134,17 +134,20 @@ void validate(const Json& manifest, const fs::path& file) {
       throw InputError(fmt::format("{}: '{}' must be a string", file.string(), hash_key));
     }
   }
-  // Optional: a model without a Hugging Face config writes none, nor did
-  // checkpoints written before config.json was checksummed.
-  if (const Json* listed_config = json_find(manifest, "config")) {
-    const Json& config = *listed_config;
-    const Json& name = member(config, "name", file);
-    if (!name.is_string() || name.get_ref<const std::string&>() != "config.json") {
-      throw InputError(fmt::format("{}: 'config' must name config.json", file.string()));
+  // Optional: a model without a Hugging Face config writes no config.json,
+  // nor did checkpoints written before it was checksummed, nor before they
+  // held their recipe.toml.
+  for (const auto& [key, expected] :
+       {std::pair<const char*, const char*>{"config", "config.json"}, {"recipe", "recipe.toml"}}) {
+    const Json* listed = json_find(manifest, key);
+    if (!listed) continue;
+    const Json& name = member(*listed, "name", file);
+    if (!name.is_string() || name.get_ref<const std::string&>() != expected) {
+      throw InputError(fmt::format("{}: '{}' must name {}", file.string(), key, expected));
     }
-    integer_member(config, "bytes", 0, kMax, file);
-    if (!member(config, "xxh3_128", file).is_string()) {
-      throw InputError(fmt::format("{}: 'config' needs its 'xxh3_128' as a string", file.string()));
+    integer_member(*listed, "bytes", 0, kMax, file);
+    if (!member(*listed, "xxh3_128", file).is_string()) {
+      throw InputError(fmt::format("{}: '{}' needs its 'xxh3_128' as a string", file.string(), key));
     }
   }
   const Json& groups = array_member(manifest, "group_numel", file);

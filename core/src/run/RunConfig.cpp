@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,6 +14,8 @@
 #include "ops/Dispatch.h"
 #include "run/DeviceStats.h"
 #include "run/ForwardBackward.h"
+#include "trainer/Log.h"
+#include "util/Files.h"
 
 namespace trainer {
 
@@ -112,6 +115,33 @@ void check_earlier_results(const Recipe& recipe, const std::string& output_dir) 
                               "would replace: choose another run.name or run.output_dir, resume that run "
                               "(checkpoint.resume = 'auto') if it left checkpoints, or set run.overwrite = true",
                               output_dir, fmt::join(results, " and "), why));
+}
+
+void keep_recipe_history(const Recipe& recipe, const std::string& output_dir, const std::optional<std::string>& earlier,
+                         int64_t step) {
+  std::error_code error;
+  for (const fs::directory_entry& entry : fs::directory_iterator(output_dir, error)) {
+    const std::string name = entry.path().filename().string();
+    const std::string_view prefix = "recipe.until-step-", suffix = ".toml";
+    if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+        std::stoll(digits) <= step) {
+      continue;
+    }
+    fs::remove(entry.path());
+    log::info(fmt::format("removed {}: the run resumes from step {}, before it", entry.path().string(), step));
+  }
+  if (!earlier || step == 0) return;
+  const std::string difference = recipe.result_difference(*earlier);
+  if (difference.empty()) return;
+  const fs::path kept = fs::path(output_dir) / fmt::format("recipe.until-step-{}.toml", step);
+  write_file_atomically(kept, *earlier);
+  log::info(fmt::format("the resumed checkpoint was trained with another recipe ({}): kept as {}", difference,
+                        kept.string()));
 }
 
 RunConfig run_config(const Recipe& recipe, int world_size) {

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <torch/types.h>
@@ -93,6 +94,17 @@ std::string output_dir_of(const Recipe& recipe);
 /// InputError naming run.output_dir and the first key that differs; by
 /// train() once it knows the run starts at step 0 (no checkpoint resumed).
 void check_earlier_results(const Recipe& recipe, const std::string& output_dir);
+
+/// Keeps the recipe of every step a run's outputs hold. `earlier`: the
+/// recipe the resumed checkpoint of step `step` was written with (nullopt
+/// for a fresh start, or a checkpoint written before checkpoints held
+/// their recipe). When it differs from this run's in a key that shapes the
+/// results (Recipe::result_difference), the writer keeps it as
+/// recipe.until-step-<step>.toml, since this run's recipe.toml replaces it;
+/// such files of later steps (kept before a resume from an earlier step)
+/// are removed, as the metrics of those steps are.
+void keep_recipe_history(const Recipe& recipe, const std::string& output_dir, const std::optional<std::string>& earlier,
+                         int64_t step);
 
 /// The recipe's [distributed] table.
 CommSettings comm_settings(const Recipe& recipe);

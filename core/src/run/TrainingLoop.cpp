@@ -395,6 +395,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   Checkpointer checkpointer(policy.dir, policy.keep, run_fingerprint(config.fingerprint, config.seed, *run.model),
                             config.fingerprint, info.strategy, run.device, run.optimizer->state_names());
   checkpointer.set_dataset_samples(run.dataset->size());
+  checkpointer.set_recipe(recipe.resolved_toml());
   TrainingPosition position;
   int64_t from_step = 0;
   const std::string from = checkpointer.resolve(policy.resume, *run.comm, &from_step);
@@ -413,7 +414,11 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   }
   GlobalBatchSampler sampler(context.seed, run.dataset->size(), run.dataset->shuffle(), position.order);
   // Every input check has passed: the run's files may be written now.
-  if (run.writer) write_file_atomically(out / "recipe.toml", recipe.resolved_toml());
+  if (run.writer) {
+    keep_recipe_history(recipe, context.output_dir, from.empty() ? std::nullopt : Checkpointer::recipe_of(from),
+                        position.step);
+    write_file_atomically(out / "recipe.toml", recipe.resolved_toml());
+  }
   info.first_step = position.step;
   StopSignals stop_signals;
   loggers.start(info);
