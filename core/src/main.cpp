@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "checkpoint/Checkpoint.h"
 #include "distributed/Launcher.h"
 #include "kit/Conformance.h"
 #include "plugin/PluginRegistry.h"
@@ -281,6 +282,12 @@ int main(int argc, char** argv) {
       }
       PluginRegistry::create<Strategy>(*recipe.strategy.plugin, recipe.strategy.options, context);
       PluginRegistry::create<Dataset>(*recipe.dataset.plugin, recipe.dataset.options, context);
+      // What `run` would refuse of the files already there: a fresh run's
+      // earlier checkpoints or another recipe's results (checkpoints are
+      // not read here; `run` verifies the one it resumes).
+      if (starts_at_step_zero(config.checkpoint.dir, config.checkpoint.resume)) {
+        check_earlier_results(recipe, config.output_dir);
+      }
       std::cout << recipe.resolved_toml();
       log::info(fmt::format("{}: recipe is valid (recipe fingerprint {})", recipe_file, config.fingerprint));
       return 0;

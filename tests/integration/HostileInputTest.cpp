@@ -564,7 +564,14 @@ TEST(HostileInput, AFreshRunReplacesNoResultsOfAnotherRecipe) {
         << refused.output;
     EXPECT_TRUE(says(refused, named)) << named << "\n" << refused.output;
     unchanged(args);
+    // `validate` foresees it (no checkpoint here: each run would start at step 0).
+    const CommandResult foreseen =
+        trainer("validate " + kQuickstart + " --set run.output_dir=" + dir + " --set training.steps=2 " + args);
+    EXPECT_EQ(foreseen.exit_code, 2) << args << "\n" << foreseen.output;
+    EXPECT_TRUE(says(foreseen, named)) << named << "\n" << foreseen.output;
   }
+  EXPECT_EQ(trainer("validate " + kQuickstart + " --set run.output_dir=" + dir + " --set training.steps=2").exit_code,
+            0);
   CommandResult refused;
   // The same recipe again, logged and checkpointed otherwise: its results
   // are replaced by equal ones.
@@ -636,6 +643,9 @@ TEST(HostileInput, CheckpointsOfAnotherRunAreNeitherMixedNorPruned) {
   EXPECT_FALSE(fs::exists(ckpt + "step-00000002")) << "keep = 2 keeps the two newest";
   const std::string metrics = read_file(dir + "/metrics.jsonl");
   CommandResult result = run(dir, "--set training.steps=6 --set checkpoint.interval=1");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "holds checkpoints of an earlier run")) << result.output;
+  result = trainer("validate " + kQuickstart + " --set run.output_dir=" + dir + " --set training.steps=6");
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_TRUE(says(result, "holds checkpoints of an earlier run")) << result.output;
   result = run(dir, "--set training.steps=6 --set checkpoint.resume=" + ckpt + "step-00000003");

@@ -118,6 +118,17 @@ std::vector<std::pair<int64_t, fs::path>> checkpoints_under(const std::string& r
   return out;
 }
 
+// A fresh run (checkpoint.resume = "") into a directory of checkpoints
+// would mix its checkpoints and metrics with theirs.
+void refuse_earlier_checkpoints(const std::string& root, const std::vector<std::pair<int64_t, fs::path>>& present) {
+  if (present.empty()) return;
+  throw InputError(
+      fmt::format("checkpoint.dir {} holds checkpoints of an earlier run ({} of them, the newest {}); a fresh run "
+                  "would mix its checkpoints and metrics with them: resume it with checkpoint.resume = 'auto', or "
+                  "move them, or choose another checkpoint.dir",
+                  root, present.size(), present.back().second.string()));
+}
+
 // A fresh lineage: 128 random bits.
 std::string new_lineage() {
   std::random_device device;
@@ -308,6 +319,19 @@ void Checkpointer::verify(const std::string& dir) {
   if (const Json* recipe = json_find(manifest, "recipe")) verify_file(dir, manifest, *recipe);
 }
 
+bool starts_at_step_zero(const std::string& root, const std::string& resume) {
+  if (resume.empty()) {
+    refuse_earlier_checkpoints(root, checkpoints_under(root));
+    return true;
+  }
+  if (resume != "auto") return false;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(root, error)) {
+    if (entry.path().filename().string().rfind("step-", 0) == 0) return false;
+  }
+  return true;
+}
+
 std::optional<std::string> Checkpointer::recipe_of(const std::string& dir) {
   if (!json_find(trainer::manifest::read(dir), "recipe")) return std::nullopt;
   const fs::path path = fs::path(dir) / "recipe.toml";
@@ -362,13 +386,7 @@ std::string Checkpointer::resolve(const std::string& resume, Comm& comm, int64_t
 std::string Checkpointer::resolve_here(const std::string& resume) const {
   const std::vector<std::pair<int64_t, fs::path>> present = checkpoints_under(root_);
   if (resume.empty()) {
-    if (!present.empty()) {
-      throw InputError(fmt::format(
-          "checkpoint.dir {} holds checkpoints of an earlier run ({} of them, the newest {}); a fresh run "
-          "would mix its checkpoints and metrics with them: resume it with checkpoint.resume = 'auto', or move "
-          "them, or choose another checkpoint.dir",
-          root_, present.size(), present.back().second.string()));
-    }
+    refuse_earlier_checkpoints(root_, present);
     return "";
   }
   if (resume != "auto") {

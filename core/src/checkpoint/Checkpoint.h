@@ -114,6 +114,13 @@ class Checkpointer {
   std::vector<std::string> names_;  // "values", then the optimizer's state names
 };
 
+/// Whether a run with checkpoint.resume = `resume` and checkpoint.dir =
+/// `root` starts at step 0, as far as can be told without reading a
+/// checkpoint (`trainer validate`): "" -> true (InputError, as
+/// Checkpointer::resolve_here, when `root` holds checkpoints); "auto" ->
+/// true when `root` holds no step-N entry at all; a path -> false.
+bool starts_at_step_zero(const std::string& root, const std::string& resume);
+
 /// What a checkpoint of this run must have been written by: the recipe's
 /// fingerprint (Recipe::fingerprint: model, data, optimizer, global batch),
 /// the seed (which draws the data order), the data order's name, and the
