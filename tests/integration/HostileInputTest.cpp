@@ -794,6 +794,33 @@ TEST(HostileInput, AResumeUnderAnotherRecipeKeepsTheEarlierOne) {
   EXPECT_TRUE(says(damaged, checkpoints + "4/recipe.toml: checksum")) << damaged.output;
 }
 
+// What a killed run leaves (a checkpoint half written, its own files half
+// written beside their names) is removed by the next run in the directory,
+// which holds its lock; files of the user's are not.
+TEST(HostileInput, WhatAKilledRunLeftIsRemoved) {
+  const std::string dir = scratch_dir("HiKilledLeft");
+  const std::string checkpoints = dir + "/checkpoints";
+  ASSERT_EQ(run(dir, "--set training.steps=2 --set checkpoint.interval=2").exit_code, 0);
+  for (const char* name : {"model.safetensors.tmp-a1B2c3", "summary.json.tmp-Zz9Yy8", "model.safetensors.tmp-notes",
+                           "notes.txt.tmp-a1B2c3"}) {
+    write_file(dir + "/" + name, "half\n");
+  }
+  fs::create_directories(checkpoints + "/step-00000007.tmp");
+  write_file(checkpoints + "/step-00000007.tmp/rank-00000.safetensors", "half\n");
+  fs::create_directories(checkpoints + "/step-x.tmp");
+  const CommandResult resumed =
+      run(dir, "--set training.steps=3 --set checkpoint.interval=2 --set checkpoint.resume=auto");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(says(resumed, checkpoints + "/step-00000007.tmp: an incomplete checkpoint (a run stopped while "
+                                          "writing it); removed"))
+      << resumed.output;
+  EXPECT_TRUE(says(resumed, dir + "/model.safetensors.tmp-a1B2c3: left by a run stopped while writing "
+                                  "model.safetensors; removed"))
+      << resumed.output;
+  EXPECT_EQ(temporaries_in(checkpoints), std::vector<std::string>{"step-x.tmp"});
+  EXPECT_EQ(temporaries_in(dir), (std::vector<std::string>{"model.safetensors.tmp-notes", "notes.txt.tmp-a1B2c3"}));
+}
+
 // A checkpoint written before data order "feistel-1" (no run_id, the old
 // sampler text, the recipe-only fingerprint) resumes, keeping its order.
 TEST(HostileInput, ACheckpointOfThePreviousDataOrderResumesWithIt) {

@@ -319,6 +319,20 @@ void Checkpointer::verify(const std::string& dir) {
   if (const Json* recipe = json_find(manifest, "recipe")) verify_file(dir, manifest, *recipe);
 }
 
+void Checkpointer::remove_incomplete() const {
+  std::error_code error;
+  std::vector<fs::path> incomplete;
+  for (const auto& entry : fs::directory_iterator(root_, error)) {
+    const fs::path& path = entry.path();
+    if (path.extension() == ".tmp" && step_of_name(path.stem()) && entry.is_directory(error))
+      incomplete.push_back(path);
+  }
+  for (const fs::path& path : incomplete) {
+    remove_tree(path.string());
+    log::info(fmt::format("{}: an incomplete checkpoint (a run stopped while writing it); removed", path.string()));
+  }
+}
+
 bool starts_at_step_zero(const std::string& root, const std::string& resume) {
   if (resume.empty()) {
     refuse_earlier_checkpoints(root, checkpoints_under(root));
@@ -347,6 +361,7 @@ std::string Checkpointer::resolve(const std::string& resume, Comm& comm, int64_t
   std::exception_ptr failure;
   if (comm.rank() == 0) {
     try {
+      remove_incomplete();
       chosen = resolve_here(resume);
     } catch (const std::exception& error) {
       failure = std::current_exception();

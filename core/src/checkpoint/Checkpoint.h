@@ -100,6 +100,11 @@ class Checkpointer {
 
  private:
   void prune(int64_t written_step) const;
+  /// Removes the step-N.tmp directories under root_: checkpoints a run
+  /// stopped writing (killed, or out of memory), never resumable, each as
+  /// large as a checkpoint. The run's lock on root_ (RunLock) means no
+  /// writer of theirs is alive.
+  void remove_incomplete() const;
 
   std::string root_;
   int64_t keep_;

@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -92,6 +94,26 @@ inline FileBeside create_file_beside(const std::filesystem::path& path) {
   if (fd < 0) throw InputError(path.string() + ": cannot create a file beside it (" + std::strerror(errno) + ")");
   fchmod(fd, 0644 & ~file_creation_mask());
   return {name, fd};
+}
+
+/// Removes the files create_file_beside made beside `path`
+/// (PATH.tmp-XXXXXX, six letters or digits) and left: a process killed
+/// while writing. Only for a path whose writers the caller excludes (a run
+/// holding its directory's lock); returns the files removed.
+inline std::vector<std::filesystem::path> remove_files_left_beside(const std::filesystem::path& path) {
+  const std::string prefix = path.filename().string() + ".tmp-";
+  std::vector<std::filesystem::path> left;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(path.parent_path(), error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() != prefix.size() + 6 || name.rfind(prefix, 0) != 0 || !entry.is_regular_file(error)) continue;
+    if (std::all_of(name.begin() + prefix.size(), name.end(),
+                    [](char c) { return std::isalnum(static_cast<unsigned char>(c)); })) {
+      left.push_back(entry.path());
+    }
+  }
+  for (const auto& file : left) std::filesystem::remove(file, error);
+  return left;
 }
 
 /// Writes `data` to a new file beside `path` (create_file_beside), flushes
