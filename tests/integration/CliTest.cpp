@@ -664,10 +664,22 @@ TEST(Cli, TokenizeStoppedBySignalLeavesNothing) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     ASSERT_TRUE(std::filesystem::exists(marker)) << read_file(dir + "/log.txt");
+    if (number == SIGINT) {
+      // Meanwhile, a second tokenize to the same --out is refused (the two
+      // could pair one's ids with the other's offsets); another --out is not.
+      const std::string args = " --tokenizer " + tokenizer_dir + " --out " + dir;
+      const CommandResult second = trainer("tokenize " + dir + "/corpus.jsonl" + args + "/t.bin");
+      EXPECT_EQ(second.exit_code, 2) << second.output;
+      EXPECT_TRUE(contains(second, "--out " + dir + "/t.bin is being written by another trainer tokenize (pid "))
+          << second.output;
+      const CommandResult other = trainer("tokenize " + dir + "/corpus.jsonl" + args + "/u.bin");
+      EXPECT_EQ(other.exit_code, 0) << other.output;
+    }
     job.signal(number);
     EXPECT_EQ(job.wait(), 128 + number) << read_file(dir + "/log.txt");
     EXPECT_NE(read_file(dir + "/log.txt").find("t.bin: stopped by"), std::string::npos) << read_file(dir + "/log.txt");
     EXPECT_EQ(temporaries_in(dir), std::vector<std::string>{});
+    EXPECT_FALSE(std::filesystem::exists(dir + "/.t.bin.lock")) << "the lock file goes with the lock";
     EXPECT_EQ(read_file(dir + "/t.bin"), "earlier ids");
     EXPECT_EQ(read_file(dir + "/t.bin.docs"), "earlier offsets");
   }

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "util/FileLock.h"
+
 namespace trainer {
 
 /// Holds an exclusive flock(2) on DIR/.trainer.lock for its lifetime; the
@@ -17,13 +19,9 @@ class RunLock {
   /// directory), the directory and the holder when another process holds
   /// the lock.
   RunLock(const std::string& dir, const std::string& key);
-  RunLock(RunLock&& other) noexcept;
-  RunLock& operator=(RunLock&&) = delete;
-  RunLock(const RunLock&) = delete;
-  ~RunLock();
 
  private:
-  int fd_ = -1;
+  FileLock lock_;
 };
 
 }  // namespace trainer

@@ -28,6 +28,7 @@
 #include "trainer/util/JsonSupport.h"
 #include "trainer/util/Tokenizer.h"
 #include "util/FaultInjection.h"
+#include "util/FileLock.h"
 #include "util/Files.h"
 
 namespace trainer {
@@ -161,6 +162,24 @@ int tokenize_until_stopped(const TokenizeRequest& request) {
                        {"--tokenizer file", request.tokenizer},
                        {"--tokenizer file", tokenizer_file}},
                       "tokenizing would replace it with token ids");
+  }
+  // One tokenize at a time per destination: two would each rename their
+  // own pair, and the last of four renames could pair one's ids with the
+  // other's offsets. The lock file (hidden, beside --out) goes with the lock.
+  std::string holder;
+  const fs::path lock_path = out_path.parent_path() / ("." + out_path.filename().string() + ".lock");
+  const std::optional<FileLock> lock = [&] {
+    try {
+      return FileLock::take(lock_path, true, &holder);
+    } catch (const InputError& error) {
+      throw InputError(fmt::format("--out {}: {}", request.out, error.what()));
+    }
+  }();
+  if (!lock) {
+    throw InputError(
+        fmt::format("--out {} is being written by another trainer tokenize ({}); wait for it to end "
+                    "or choose another --out",
+                    request.out, holder));
   }
   // The ids and offsets go to files of this command's own beside the
   // destinations (never an existing file, whatever its name: an input named
