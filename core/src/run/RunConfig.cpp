@@ -120,6 +120,7 @@ void check_earlier_results(const Recipe& recipe, const std::string& output_dir) 
 void keep_recipe_history(const Recipe& recipe, const std::string& output_dir, const std::optional<std::string>& earlier,
                          int64_t step) {
   std::error_code error;
+  std::vector<fs::path> later;
   for (const fs::directory_entry& entry : fs::directory_iterator(output_dir, error)) {
     const std::string name = entry.path().filename().string();
     const std::string_view prefix = "recipe.until-step-", suffix = ".toml";
@@ -132,8 +133,12 @@ void keep_recipe_history(const Recipe& recipe, const std::string& output_dir, co
         std::stoll(digits) <= step) {
       continue;
     }
-    fs::remove(entry.path());
-    log::info(fmt::format("removed {}: the run resumes from step {}, before it", entry.path().string(), step));
+    later.push_back(entry.path());
+  }
+  for (const fs::path& path : later) {
+    if (fs::remove(path, error)) {
+      log::info(fmt::format("removed {}: the run resumes from step {}, before it", path.string(), step));
+    }
   }
   if (!earlier || step == 0) return;
   const std::string difference = recipe.result_difference(*earlier);
