@@ -773,6 +773,11 @@ TEST(HostileInput, AResumeUnderAnotherRecipeKeepsTheEarlierOne) {
   const std::string second = read_file(dir + "/recipe.toml");
   EXPECT_NE(second.find("warmup_steps = 3"), std::string::npos) << second;
   EXPECT_EQ(read_file(checkpoints + "4/recipe.toml"), second);
+  const CommandResult compared = trainer("compare " + dir + " " + dir);
+  EXPECT_TRUE(says(compared, "note: " + dir +
+                                 ": resumed under another recipe; its earlier steps were trained with "
+                                 "recipe.until-step-2.toml"))
+      << compared.output;
 
   ASSERT_EQ(run(dir, common + "--set training.steps=6 --set lr_schedule.warmup_steps=3").exit_code, 0);
   EXPECT_EQ(kept(), (std::vector<std::string>{"recipe.until-step-2.toml", "recipe.until-step-4.toml"}));

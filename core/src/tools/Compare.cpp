@@ -97,6 +97,22 @@ std::vector<KeyDifference> recipe_differences(const std::vector<std::string>& di
       }
     }
     recipes.push_back(std::move(keys));
+    // A run resumed under another recipe kept the earlier one (keep_recipe_history).
+    std::vector<std::string> kept;
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("recipe.until-step-", 0) == 0 && entry.path().extension() == ".toml") kept.push_back(name);
+    }
+    std::sort(kept.begin(), kept.end(), [](const std::string& a, const std::string& b) {
+      return a.size() != b.size() ? a.size() < b.size() : a < b;  // by step
+    });
+    if (!kept.empty()) {
+      notes.push_back(
+          fmt::format("{}: resumed under another recipe; its earlier steps were trained with {} (only "
+                      "recipe.toml's keys are compared)",
+                      dir, fmt::join(kept, ", ")));
+    }
   }
   std::map<std::string, bool> all;
   for (const auto& r : recipes) {
