@@ -832,7 +832,8 @@ TEST(HostileInput, ACheckpointOfThePreviousDataOrderResumesWithIt) {
   const std::string dir = scratch_dir("HiLegacyOrder");
   ASSERT_EQ(run(dir, "--set training.steps=2 --set checkpoint.interval=2").exit_code, 0);
   const std::string manifest = dir + "/checkpoints/step-00000002/manifest.json";
-  const CommandResult valid = trainer("validate " + kQuickstart + " --set run.output_dir=" + dir);
+  const CommandResult valid =
+      trainer("validate " + kQuickstart + " --set run.output_dir=" + dir + " --set checkpoint.resume=auto");
   ASSERT_EQ(valid.exit_code, 0) << valid.output;
   // The previous fingerprint is what `validate` prints as the recipe's.
   const size_t at = valid.output.find("recipe fingerprint ");
