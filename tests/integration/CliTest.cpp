@@ -665,8 +665,11 @@ TEST(Cli, TokenizeStoppedBySignalLeavesNothing) {
     }
     ASSERT_TRUE(std::filesystem::exists(marker)) << read_file(dir + "/log.txt");
     if (number == SIGINT) {
-      // Meanwhile, a second tokenize to the same --out is refused (the two
-      // could pair one's ids with the other's offsets); another --out is not.
+      // Meanwhile (the first held still, lock and all, so that the others'
+      // time does not matter), a second tokenize to the same --out is
+      // refused (the two could pair one's ids with the other's offsets);
+      // another --out is not.
+      job.signal(SIGSTOP);
       const std::string args = " --tokenizer " + tokenizer_dir + " --out " + dir;
       const CommandResult second = trainer("tokenize " + dir + "/corpus.jsonl" + args + "/t.bin");
       EXPECT_EQ(second.exit_code, 2) << second.output;
@@ -674,8 +677,11 @@ TEST(Cli, TokenizeStoppedBySignalLeavesNothing) {
           << second.output;
       const CommandResult other = trainer("tokenize " + dir + "/corpus.jsonl" + args + "/u.bin");
       EXPECT_EQ(other.exit_code, 0) << other.output;
+      job.signal(number);  // pending until it continues
+      job.signal(SIGCONT);
+    } else {
+      job.signal(number);
     }
-    job.signal(number);
     EXPECT_EQ(job.wait(), 128 + number) << read_file(dir + "/log.txt");
     EXPECT_NE(read_file(dir + "/log.txt").find("t.bin: stopped by"), std::string::npos) << read_file(dir + "/log.txt");
     EXPECT_EQ(temporaries_in(dir), std::vector<std::string>{});
