@@ -277,4 +277,27 @@ Json read(const fs::path& dir) {
   return manifest;
 }
 
+namespace {
+constexpr std::string_view kKeptPrefix = "recipe.until-step-", kKeptSuffix = ".toml";
+}  // namespace
+
+std::string kept_recipe_name(int64_t step) {
+  return std::string(kKeptPrefix) + std::to_string(step) + std::string(kKeptSuffix);
+}
+
+std::optional<int64_t> kept_recipe_step(const std::string& name) {
+  if (name.size() <= kKeptPrefix.size() + kKeptSuffix.size() ||
+      name.size() > kKeptPrefix.size() + kKeptSuffix.size() + 18 ||
+      name.compare(0, kKeptPrefix.size(), kKeptPrefix) != 0 ||
+      name.compare(name.size() - kKeptSuffix.size(), kKeptSuffix.size(), kKeptSuffix) != 0) {
+    return std::nullopt;
+  }
+  int64_t step = 0;
+  for (size_t i = kKeptPrefix.size(); i < name.size() - kKeptSuffix.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
 }  // namespace trainer::manifest

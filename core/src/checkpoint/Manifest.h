@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,5 +66,11 @@ void validate(const Json& manifest, const std::filesystem::path& file);
 
 /// DIR/manifest.json parsed, its checksum verified (format 2) and validated.
 Json read(const std::filesystem::path& dir);
+
+/// recipe.until-step-N.toml: the name under which a run resumed at step N
+/// under another recipe keeps the recipe of the checkpoint it resumed.
+std::string kept_recipe_name(int64_t step);
+/// N of such a name; nullopt for any other name.
+std::optional<int64_t> kept_recipe_step(const std::string& name);
 
 }  // namespace trainer::manifest

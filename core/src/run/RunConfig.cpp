@@ -6,11 +6,11 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
-#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "checkpoint/Manifest.h"
 #include "ops/Dispatch.h"
 #include "run/DeviceStats.h"
 #include "run/ForwardBackward.h"
@@ -122,17 +122,8 @@ void keep_recipe_history(const Recipe& recipe, const std::string& output_dir, co
   std::error_code error;
   std::vector<fs::path> later;
   for (const fs::directory_entry& entry : fs::directory_iterator(output_dir, error)) {
-    const std::string name = entry.path().filename().string();
-    const std::string_view prefix = "recipe.until-step-", suffix = ".toml";
-    if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
-      continue;
-    }
-    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-    if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
-        std::stoll(digits) <= step) {
-      continue;
-    }
+    const std::optional<int64_t> kept = manifest::kept_recipe_step(entry.path().filename().string());
+    if (!kept || *kept <= step) continue;
     later.push_back(entry.path());
   }
   for (const fs::path& path : later) {
@@ -143,7 +134,7 @@ void keep_recipe_history(const Recipe& recipe, const std::string& output_dir, co
   if (!earlier || step == 0) return;
   const std::string difference = recipe.result_difference(*earlier);
   if (difference.empty()) return;
-  const fs::path kept = fs::path(output_dir) / fmt::format("recipe.until-step-{}.toml", step);
+  const fs::path kept = fs::path(output_dir) / manifest::kept_recipe_name(step);
   write_file_atomically(kept, *earlier);
   log::info(fmt::format("the resumed checkpoint was trained with another recipe ({}): kept as {}", difference,
                         kept.string()));

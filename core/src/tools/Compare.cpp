@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "checkpoint/Manifest.h"
 #include "recipe/TomlText.h"
 #include "tools/Metrics.h"
 #include "trainer/Errors.h"
@@ -98,15 +99,14 @@ std::vector<KeyDifference> recipe_differences(const std::vector<std::string>& di
     }
     recipes.push_back(std::move(keys));
     // A run resumed under another recipe kept the earlier one (keep_recipe_history).
-    std::vector<std::string> kept;
+    std::vector<int64_t> steps;
     std::error_code error;
     for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
-      const std::string name = entry.path().filename().string();
-      if (name.rfind("recipe.until-step-", 0) == 0 && entry.path().extension() == ".toml") kept.push_back(name);
+      if (const auto step = manifest::kept_recipe_step(entry.path().filename().string())) steps.push_back(*step);
     }
-    std::sort(kept.begin(), kept.end(), [](const std::string& a, const std::string& b) {
-      return a.size() != b.size() ? a.size() < b.size() : a < b;  // by step
-    });
+    std::sort(steps.begin(), steps.end());
+    std::vector<std::string> kept;
+    for (const int64_t step : steps) kept.push_back(manifest::kept_recipe_name(step));
     if (!kept.empty()) {
       notes.push_back(
           fmt::format("{}: resumed under another recipe; its earlier steps were trained with {} (only "
