@@ -44,8 +44,8 @@ class FileLock {
         close(fd);
         return std::nullopt;
       }
-      struct stat locked {
-      }, named{};
+      struct stat locked = {};
+      struct stat named = {};
       if (fstat(fd, &locked) == 0 && stat(path.c_str(), &named) == 0 && locked.st_ino == named.st_ino &&
           locked.st_dev == named.st_dev) {
         char host[256] = "?";

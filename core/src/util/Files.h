@@ -83,13 +83,16 @@ struct FileBeside {
   int fd = -1;                 ///< open for writing
 };
 
+/// What names a file create_file_beside made: PATH, this, six letters or digits.
+inline constexpr const char kBesideTag[] = ".tmp-";
+
 /// Creates a new, empty file beside `path`, named PATH.tmp-XXXXXX and
 /// created exclusively (mkostemp), mode 0644 less the umask. A fixed name
 /// such as PATH.tmp would truncate whatever file has that name, an input of
 /// the command among them; this one is never an existing file. A directory
 /// that takes no new file is bad input (InputError naming `path`).
 inline FileBeside create_file_beside(const std::filesystem::path& path) {
-  std::string name = path.string() + ".tmp-XXXXXX";
+  std::string name = path.string() + kBesideTag + "XXXXXX";
   const int fd = mkostemp(name.data(), O_CLOEXEC);
   if (fd < 0) throw InputError(path.string() + ": cannot create a file beside it (" + std::strerror(errno) + ")");
   fchmod(fd, 0644 & ~file_creation_mask());
@@ -101,8 +104,8 @@ inline FileBeside create_file_beside(const std::filesystem::path& path) {
 /// while writing. Only for a path whose writers the caller excludes (a run
 /// holding its directory's lock); returns the files removed.
 inline std::vector<std::filesystem::path> remove_files_left_beside(const std::filesystem::path& path) {
-  const std::string prefix = path.filename().string() + ".tmp-";
-  std::vector<std::filesystem::path> left;
+  const std::string prefix = path.filename().string() + kBesideTag;
+  std::vector<std::filesystem::path> left, removed;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(path.parent_path(), error)) {
     const std::string name = entry.path().filename().string();
@@ -112,8 +115,10 @@ inline std::vector<std::filesystem::path> remove_files_left_beside(const std::fi
       left.push_back(entry.path());
     }
   }
-  for (const auto& file : left) std::filesystem::remove(file, error);
-  return left;
+  for (const auto& file : left) {
+    if (std::filesystem::remove(file, error)) removed.push_back(file);
+  }
+  return removed;
 }
 
 /// Writes `data` to a new file beside `path` (create_file_beside), flushes
