@@ -572,6 +572,13 @@ TEST(HostileInput, AFreshRunReplacesNoResultsOfAnotherRecipe) {
   }
   EXPECT_EQ(trainer("validate " + kQuickstart + " --set run.output_dir=" + dir + " --set training.steps=2").exit_code,
             0);
+  // A checkpoint a killed run left half written is none: the run would start at step 0.
+  fs::create_directories(dir + "/checkpoints/step-00000009.tmp");
+  const CommandResult half = trainer("validate " + kQuickstart + " --set run.output_dir=" + dir +
+                                     " --set training.steps=2 --set checkpoint.resume=auto --set optimizer.lr=0.01");
+  EXPECT_EQ(half.exit_code, 2) << half.output;
+  EXPECT_TRUE(says(half, "[optimizer] lr: 0.003 there, 0.01 here")) << half.output;
+  remove_tree(dir + "/checkpoints");
   CommandResult refused;
   // The same recipe again, logged and checkpointed otherwise: its results
   // are replaced by equal ones.
@@ -785,8 +792,8 @@ TEST(HostileInput, AResumeUnderAnotherRecipeKeepsTheEarlierOne) {
 
   // Back to step 2 (the later checkpoints removed by hand): the steps after
   // it are trained again, and the recipe kept for step 4 goes with them.
-  fs::remove_all(checkpoints + "4");
-  fs::remove_all(checkpoints + "6");
+  remove_tree(checkpoints + "4");
+  remove_tree(checkpoints + "6");
   const CommandResult again = run(dir, common + "--set training.steps=4 --set lr_schedule.warmup_steps=3");
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(kept(), std::vector<std::string>{"recipe.until-step-2.toml"});

@@ -341,7 +341,9 @@ bool starts_at_step_zero(const std::string& root, const std::string& resume) {
   if (resume != "auto") return false;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(root, error)) {
-    if (entry.path().filename().string().rfind("step-", 0) == 0) return false;
+    // A step-N.tmp is no checkpoint: run removes it (remove_incomplete) and starts at step 0.
+    const fs::path& path = entry.path();
+    if (path.filename().string().rfind("step-", 0) == 0 && path.extension() != ".tmp") return false;
   }
   return true;
 }

@@ -123,7 +123,8 @@ class Checkpointer {
 /// `root` starts at step 0, as far as can be told without reading a
 /// checkpoint (`trainer validate`): "" -> true (InputError, as
 /// Checkpointer::resolve_here, when `root` holds checkpoints); "auto" ->
-/// true when `root` holds no step-N entry at all; a path -> false.
+/// true when `root` holds no step-N entry (a step-N.tmp, which run
+/// removes, is none); a path -> false.
 bool starts_at_step_zero(const std::string& root, const std::string& resume);
 
 /// What a checkpoint of this run must have been written by: the recipe's
