@@ -150,12 +150,17 @@ TEST(Checkpoint, CorruptShardIsNamedAndAutoFallsBack) {
   EXPECT_EQ(named.exit_code, 2) << named.output;
   EXPECT_NE(named.output.find(shard + ": checksum"), std::string::npos) << named.output;
   EXPECT_NE(named.output.find("(the file is corrupt)"), std::string::npos) << named.output;
+  // A copy kept aside under another name is no checkpoint of the run's: "auto" orders step-N by N and neither
+  // resumes nor prunes a step-00000002.keep (by name it sorted after step-00000002 and was resumed first).
+  std::filesystem::copy(dir + "/checkpoints/step-00000002", dir + "/checkpoints/step-00000002.keep",
+                        std::filesystem::copy_options::recursive);
   const auto fallback = trainer("run " + kQuickstart + " --set run.output_dir=" + dir +
                                 " --set training.steps=6 --set checkpoint.resume=auto");
   ASSERT_EQ(fallback.exit_code, 0) << fallback.output;
   EXPECT_NE(fallback.output.find("step-00000004 is not usable"), std::string::npos) << fallback.output;
-  EXPECT_NE(fallback.output.find("resumed from " + dir + "/checkpoints/step-00000002"), std::string::npos)
+  EXPECT_NE(fallback.output.find("resumed from " + dir + "/checkpoints/step-00000002 (step 2"), std::string::npos)
       << fallback.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/checkpoints/step-00000002.keep/manifest.json"));
 }
 
 // config.json beside the shards is checksummed in the manifest: export (which

@@ -7,10 +7,8 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -96,13 +94,8 @@ std::string broadcast_text(Comm& comm, torch::Device device, const std::string& 
 // other name (a .tmp, a file of the user's).
 std::optional<int64_t> step_of_name(const fs::path& path) {
   const std::string name = path.filename().string();
-  if (name.size() <= 5 || name.rfind("step-", 0) != 0) return std::nullopt;
-  int64_t step = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9' || step > (int64_t(1) << 58)) return std::nullopt;
-    step = step * 10 + (name[i] - '0');
-  }
-  return step;
+  if (name.rfind("step-", 0) != 0) return std::nullopt;
+  return trainer::manifest::step_of_digits(std::string_view(name).substr(5));
 }
 
 // The complete-looking checkpoints under `root` (step-N directories), by step.
@@ -338,22 +331,15 @@ bool starts_at_step_zero(const std::string& root, const std::string& resume) {
     refuse_earlier_checkpoints(root, checkpoints_under(root));
     return true;
   }
-  if (resume != "auto") return false;
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator(root, error)) {
-    // A step-N.tmp is no checkpoint: run removes it (remove_incomplete) and starts at step 0.
-    const fs::path& path = entry.path();
-    if (path.filename().string().rfind("step-", 0) == 0 && path.extension() != ".tmp") return false;
-  }
-  return true;
+  // "auto" resumes the newest of these (a step-N.tmp is none: run removes it and starts at step 0).
+  return resume == "auto" && checkpoints_under(root).empty();
 }
 
 std::optional<std::string> Checkpointer::recipe_of(const std::string& dir) {
   if (!json_find(trainer::manifest::read(dir), "recipe")) return std::nullopt;
   const fs::path path = fs::path(dir) / "recipe.toml";
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in) throw InputError(fmt::format("{}: cannot be read", path.string()));
+  std::optional<std::string> text = read_file(path);
+  if (!text) throw InputError(fmt::format("{}: cannot be read", path.string()));
   return text;
 }
 
@@ -419,22 +405,9 @@ std::string Checkpointer::resolve_here(const std::string& resume) const {
     }
     return resume;
   }
-  std::vector<fs::path> candidates;
-  std::error_code error;
-  if (fs::is_directory(root_, error)) {
-    for (const auto& entry : fs::directory_iterator(root_)) {
-      const std::string name = entry.path().filename().string();
-      if (name.rfind("step-", 0) != 0) continue;
-      if (entry.path().extension() == ".tmp") {
-        log::warn(fmt::format("{}: an incomplete checkpoint (a run stopped while writing it); ignored",
-                              entry.path().string()));
-        continue;
-      }
-      candidates.push_back(entry.path());
-    }
-  }
-  std::sort(candidates.rbegin(), candidates.rend());
-  for (const fs::path& candidate : candidates) {
+  // The newest first, by step (a step-N.tmp is none: remove_incomplete removed it).
+  for (auto it = present.rbegin(); it != present.rend(); ++it) {
+    const fs::path& candidate = it->second;
     try {
       verify(candidate.string());
       return candidate.string();
@@ -443,11 +416,11 @@ std::string Checkpointer::resolve_here(const std::string& resume) const {
     }
   }
   // Starting over would overwrite them (and the metrics they belong to).
-  if (!candidates.empty()) {
+  if (!present.empty()) {
     throw InputError(
         fmt::format("checkpoint.resume = 'auto': none of the {} checkpoints under {} verifies (see the "
                     "warnings above); repair or move them, or point checkpoint.dir elsewhere",
-                    candidates.size(), root_));
+                    present.size(), root_));
   }
   return "";
 }

@@ -5,7 +5,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <tuple>
 #include <vector>
 
@@ -13,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "trainer/Errors.h"
+#include "util/Files.h"
 
 namespace trainer::manifest {
 
@@ -246,13 +246,11 @@ std::vector<std::vector<Range>> file_ranges(const Json& manifest, const fs::path
 
 Json read(const fs::path& dir) {
   const fs::path file = dir / "manifest.json";
-  std::ifstream in(file);
-  if (!in) throw InputError(fmt::format("{}: missing (not a complete checkpoint)", file.string()));
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::optional<std::string> text = read_file(file);
+  if (!text) throw InputError(fmt::format("{}: missing (not a complete checkpoint)", file.string()));
   Json manifest;
   try {
-    manifest = json_parse(text.str());
+    manifest = json_parse(*text);
   } catch (const std::exception& error) {
     throw InputError(fmt::format("{}: malformed: {}", file.string(), error.what()));
   }
@@ -263,7 +261,7 @@ Json read(const fs::path& dir) {
     std::string recorded;
     if (!(recorded_in >> recorded))
       throw InputError(fmt::format("{}: missing (the manifest's checksum)", sidecar.string()));
-    const std::string actual = text_xxh3(text.str());
+    const std::string actual = text_xxh3(*text);
     if (actual != recorded) {
       throw InputError(fmt::format("{}: checksum {} differs from {} in {} (the manifest was edited or damaged)",
                                    file.string(), actual, recorded, sidecar.string()));
@@ -285,19 +283,23 @@ std::string kept_recipe_name(int64_t step) {
   return std::string(kKeptPrefix) + std::to_string(step) + std::string(kKeptSuffix);
 }
 
-std::optional<int64_t> kept_recipe_step(const std::string& name) {
-  if (name.size() <= kKeptPrefix.size() + kKeptSuffix.size() ||
-      name.size() > kKeptPrefix.size() + kKeptSuffix.size() + 18 ||
-      name.compare(0, kKeptPrefix.size(), kKeptPrefix) != 0 ||
-      name.compare(name.size() - kKeptSuffix.size(), kKeptSuffix.size(), kKeptSuffix) != 0) {
-    return std::nullopt;
-  }
+std::optional<int64_t> step_of_digits(std::string_view digits) {
+  if (digits.empty() || digits.size() > 18) return std::nullopt;
   int64_t step = 0;
-  for (size_t i = kKeptPrefix.size(); i < name.size() - kKeptSuffix.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    step = step * 10 + (name[i] - '0');
+  for (const char digit : digits) {
+    if (digit < '0' || digit > '9') return std::nullopt;
+    step = step * 10 + (digit - '0');
   }
   return step;
+}
+
+std::optional<int64_t> kept_recipe_step(const std::string& name) {
+  const std::string_view view = name;
+  if (view.size() < kKeptPrefix.size() + kKeptSuffix.size() || view.substr(0, kKeptPrefix.size()) != kKeptPrefix ||
+      view.substr(view.size() - kKeptSuffix.size()) != kKeptSuffix) {
+    return std::nullopt;
+  }
+  return step_of_digits(view.substr(kKeptPrefix.size(), view.size() - kKeptPrefix.size() - kKeptSuffix.size()));
 }
 
 }  // namespace trainer::manifest

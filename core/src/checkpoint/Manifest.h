@@ -67,6 +67,10 @@ void validate(const Json& manifest, const std::filesystem::path& file);
 /// DIR/manifest.json parsed, its checksum verified (format 2) and validated.
 Json read(const std::filesystem::path& dir);
 
+/// The step N of a name's digits ("00000200" is 200): nullopt unless
+/// `digits` is 1 to 18 decimal digits (any int64 step fits).
+std::optional<int64_t> step_of_digits(std::string_view digits);
+
 /// recipe.until-step-N.toml: the name under which a run resumed at step N
 /// under another recipe keeps the recipe of the checkpoint it resumed.
 std::string kept_recipe_name(int64_t step);

@@ -3,14 +3,13 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "trainer/Errors.h"
+#include "util/Files.h"
 
 namespace trainer {
 
@@ -202,11 +201,9 @@ toml::table parse_toml(std::string_view text, const std::string& where) {
 }
 
 toml::table parse_toml_file(const std::string& file, const char* what) {
-  std::ifstream in(file, std::ios::binary);
-  std::stringstream content;
-  content << in.rdbuf();
-  if (!in) throw InputError(fmt::format("{}: cannot read {}", file, what));
-  return parse_toml(content.str(), file);
+  const std::optional<std::string> content = read_file(file);
+  if (!content) throw InputError(fmt::format("{}: cannot read {}", file, what));
+  return parse_toml(*content, file);
 }
 
 }  // namespace trainer

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <optional>
 
@@ -43,9 +42,8 @@ namespace {
 // The text of a recipe.toml a run wrote (its first line
 // Recipe::kResolvedHeader); nullopt for any other file, or none.
 std::optional<std::string> resolved_recipe_at(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad() || text.rfind(std::string(Recipe::kResolvedHeader) + "\n", 0) != 0) return std::nullopt;
+  std::optional<std::string> text = read_file(path);
+  if (text && text->rfind(std::string(Recipe::kResolvedHeader) + "\n", 0) != 0) return std::nullopt;
   return text;
 }
 

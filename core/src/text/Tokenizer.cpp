@@ -16,18 +16,17 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
 #include <queue>
-#include <sstream>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "trainer/Errors.h"
 #include "trainer/util/JsonSupport.h"
+#include "util/Files.h"
 
 #ifdef TRAINER_HAS_TOKENIZER
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -49,11 +48,9 @@ namespace {
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(fmt::format("{}: cannot be read", path.string()));
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
+  std::optional<std::string> text = read_file(path);
+  if (!text) throw InputError(fmt::format("{}: cannot be read", path.string()));
+  return std::move(*text);
 }
 
 void append_utf8(std::string& out, uint32_t cp) {

@@ -12,12 +12,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 
 #include "trainer/Errors.h"
+#include "util/Files.h"
 
 namespace trainer {
 
@@ -37,10 +36,8 @@ class FileLock {
         throw InputError(path.string() + ": cannot create the lock file (" + std::strerror(errno) + ")");
       }
       if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        std::ifstream in(path);
-        std::stringstream record;
-        record << in.rdbuf();
-        *holder = record.str().empty() ? "holder unknown" : record.str();
+        const std::optional<std::string> record = read_file(path);
+        *holder = !record || record->empty() ? "holder unknown" : *record;
         close(fd);
         return std::nullopt;
       }

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +38,27 @@ inline void fsync_path(const std::filesystem::path& path) {
     fsync(fd);
     close(fd);
   }
+}
+
+/// The whole content of the file at `path`; nullopt when it cannot be read
+/// (missing, a directory, no permission, an I/O error part-way).
+inline std::optional<std::string> read_file(const std::filesystem::path& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::string text;
+  char buffer[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      close(fd);
+      return std::nullopt;
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return text;
 }
 
 /// A command's output file checked before any work: `destination` (the
