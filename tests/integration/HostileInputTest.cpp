@@ -814,7 +814,7 @@ TEST(HostileInput, WhatAKilledRunLeftIsRemoved) {
   const std::string checkpoints = dir + "/checkpoints";
   ASSERT_EQ(run(dir, "--set training.steps=2 --set checkpoint.interval=2").exit_code, 0);
   for (const char* name : {"model.safetensors.tmp-a1B2c3", "summary.json.tmp-Zz9Yy8", "model.safetensors.tmp-notes",
-                           "notes.txt.tmp-a1B2c3"}) {
+                           "notes.txt.tmp-a1B2c3", "metrics.jsonl.tmp-Q1w2E3"}) {
     write_file(dir + "/" + name, "half\n");
   }
   fs::create_directories(checkpoints + "/step-00000007.tmp");
@@ -828,6 +828,10 @@ TEST(HostileInput, WhatAKilledRunLeftIsRemoved) {
       << resumed.output;
   EXPECT_TRUE(says(resumed, dir + "/model.safetensors.tmp-a1B2c3: left by a run stopped while writing "
                                   "model.safetensors; removed"))
+      << resumed.output;
+  // A logger's file too (the jsonl logger's metrics.jsonl, rewritten on a resume).
+  EXPECT_TRUE(says(resumed, dir + "/metrics.jsonl.tmp-Q1w2E3: left by a run stopped while writing metrics.jsonl; "
+                                  "removed"))
       << resumed.output;
   EXPECT_EQ(temporaries_in(checkpoints), std::vector<std::string>{"step-x.tmp"});
   EXPECT_EQ(temporaries_in(dir), (std::vector<std::string>{"model.safetensors.tmp-notes", "notes.txt.tmp-a1B2c3"}));

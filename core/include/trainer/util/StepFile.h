@@ -56,7 +56,8 @@ class StepFile {
   /// `first_step`: a fresh run (first_step 0, or no file yet) truncates it
   /// and writes `header` (may be empty); a resumed one keeps `header` and
   /// the lines up to first_step (keep_steps_until with `step_of`) and
-  /// appends. InputError naming the file when it cannot be opened.
+  /// appends. A PATH.tmp-XXXXXX that a run killed during that rewrite left
+  /// is removed. InputError naming the file when it cannot be opened.
   void open_lines(const std::filesystem::path& path, int64_t first_step, const std::string& header,
                   const StepOfLine& step_of);
   /// The same, each kept line through `convert` (keep_steps_until).
