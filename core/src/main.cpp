@@ -231,7 +231,18 @@ int main(int argc, char** argv) {
     if (compare->parsed()) return compare_runs(compare_dirs, compare_rtol, compare_quiet, compare_html);
     if (tokenize_cmd->parsed()) return tokenize_corpus(tokenize);
     if (new_plugin_cmd->parsed()) {
-      new_plugin(new_kind, new_name, new_dir);
+      std::vector<std::pair<std::string, std::string>> installed;  // the names the new plugin may not take
+      try {
+        const PluginRegistry registry = discover(common);
+        for (const LoadedPlugin& plugin : registry.plugins()) {
+          if (kind_name(plugin.descriptor->kind) == new_kind)
+            installed.emplace_back(plugin.descriptor->name, plugin.file);
+        }
+      } catch (const InputError& unusable) {
+        log::warn(fmt::format("the installed plugins could not be listed ({}); the name is not checked against them",
+                              unusable.what()));
+      }
+      new_plugin(new_kind, new_name, new_dir, installed);
       return 0;
     }
     if (export_cmd->parsed()) {

@@ -691,7 +691,7 @@ TEST(Cli, TokenizeStoppedBySignalLeavesNothing) {
   }
 }
 
-// new-plugin: DIR with a trailing slash is DIR; an empty DIR is named.
+// new-plugin: DIR with a trailing slash is DIR; an empty DIR is named; an installed plugin's name is refused.
 TEST(Cli, NewPluginTakesDirectoriesAsWritten) {
   const std::string dir = scratch_dir("CliNewPluginDir");
   CommandResult result = trainer("new-plugin logger tally " + dir + "/tally/");
@@ -703,6 +703,14 @@ TEST(Cli, NewPluginTakesDirectoriesAsWritten) {
   result = trainer("new-plugin logger tally " + dir + "/deeper/still/");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_TRUE(std::filesystem::exists(dir + "/deeper/still/CMakeLists.txt")) << result.output;
+  // An installed plugin's kind and name: both plugins on the search path would refuse every command.
+  result = trainer("new-plugin optimizer adamw " + dir + "/mine");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(contains(result, "new-plugin: name 'adamw': the optimizer plugin ")) << result.output;
+  EXPECT_TRUE(contains(result, "trainer-optimizer-adamw.so has it")) << result.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/mine"));
+  result = trainer("new-plugin logger adamw " + dir + "/mine");  // another kind's name is free
+  EXPECT_EQ(result.exit_code, 0) << result.output;
 }
 
 // trainer compare --html in a real browser: headless Chromium (Debian's

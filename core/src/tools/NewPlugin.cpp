@@ -169,7 +169,8 @@ std::string plugin_class_name(const std::string& kind, const std::string& name) 
   return class_name;
 }
 
-void new_plugin(const std::string& kind, const std::string& name, const std::string& dir) {
+void new_plugin(const std::string& kind, const std::string& name, const std::string& dir,
+                const std::vector<std::pair<std::string, std::string>>& installed) {
   const auto& about = kinds();
   if (about.count(kind) == 0) {
     std::vector<std::string> names;
@@ -186,6 +187,14 @@ void new_plugin(const std::string& kind, const std::string& name, const std::str
         fmt::format("new-plugin: name '{}': expected a lowercase letter, then lowercase letters, "
                     "digits and '-' (at most 64), as recipes write it",
                     name));
+  }
+  for (const auto& [taken, file] : installed) {
+    if (taken == name) {
+      throw InputError(
+          fmt::format("new-plugin: name '{}': the {} plugin {} has it, and two {} plugins of one name "
+                      "refuse every command; choose another name",
+                      name, kind, file, kind));
+    }
   }
   if (dir.empty()) throw InputError("new-plugin: DIR is empty; expected the project's directory");
   std::error_code error;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace trainer {
@@ -11,8 +12,11 @@ namespace trainer {
 /// src/<Class>.cpp (the descriptor, its keys, a working plugin of `kind`) and
 /// tests/ (a GoogleTest that runs the installed trainer with it). DIR must
 /// not exist or be empty; it appears whole or not at all. InputError for an
-/// unknown kind, a name recipes cannot use, or a DIR in the way.
-void new_plugin(const std::string& kind, const std::string& name, const std::string& dir);
+/// unknown kind, a name recipes cannot use, a name `installed` already
+/// holds (name, file: the plugins of `kind` on the search path; two plugins
+/// of one kind and name refuse every command), or a DIR in the way.
+void new_plugin(const std::string& kind, const std::string& name, const std::string& dir,
+                const std::vector<std::pair<std::string, std::string>>& installed);
 
 /// The C++ class a project of `kind` named `name` declares: the name in
 /// CamelCase with the kind appended ("my-cache" dataset -> MyCacheDataset;
