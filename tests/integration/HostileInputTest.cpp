@@ -3,7 +3,9 @@
 // earlier run wrote.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -345,6 +347,31 @@ TEST(HostileInput, ExportNeverReplacesWeightsAlreadyWritten) {
   EXPECT_TRUE(says(result, "already holds a config.json")) << result.output;
   EXPECT_EQ(read_file(other + "/config.json"), "{\"model_type\": \"other\"}\n");
   EXPECT_FALSE(fs::exists(other + "/model.safetensors"));
+  // An export killed part-way leaves only files of its own (model.safetensors.tmp-XXXXXX), which the next
+  // removes; one that fails removes the directory it made; one at a time writes into a directory.
+  const std::string again = scratch_dir("HiExportAgain");
+  write_file(again + "/model.safetensors.tmp-k1L2m3", "half a model");
+  write_file(again + "/README.md", "the user's\n");
+  result = trainer("export " + dir + " --to " + again);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(says(result, again + "/model.safetensors.tmp-k1L2m3: left by an export stopped while writing "
+                                   "model.safetensors; removed"))
+      << result.output;
+  EXPECT_EQ(read_file(again + "/model.safetensors"), weights);
+  EXPECT_EQ(temporaries_in(again), std::vector<std::string>{});
+  EXPECT_EQ(read_file(again + "/README.md"), "the user's\n");
+  EXPECT_FALSE(fs::exists(again + "/.export.lock"));
+  result = trainer("export " + dir + "/checkpoints --to " + dir + "/made");  // no weights there
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_FALSE(fs::exists(dir + "/made"));
+  const std::string busy = scratch_dir("HiExportBusy");
+  const int held = open((busy + "/.export.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);  // this test holds it
+  ASSERT_EQ(flock(held, LOCK_EX | LOCK_NB), 0);
+  result = trainer("export " + dir + " --to " + busy);
+  close(held);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, "--to " + busy + " is being written by another trainer export")) << result.output;
+  EXPECT_FALSE(fs::exists(busy + "/model.safetensors"));
 }
 
 // A checkpoint past training.steps: resuming it would report steps it never

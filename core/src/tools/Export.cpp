@@ -5,13 +5,17 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "checkpoint/Checkpoint.h"
 #include "trainer/Errors.h"
+#include "trainer/Log.h"
 #include "trainer/util/JsonSupport.h"
 #include "trainer/util/Safetensors.h"
+#include "util/FileLock.h"
+#include "util/Files.h"
 
 namespace trainer {
 
@@ -39,34 +43,18 @@ void export_checkpoint(const std::string& dir, const std::string& to) {
                        groups.at(decay ? decay_group : plain_group).narrow(0, offset[kind], numel).view(shape));
     offset[kind] += numel;
   }
-  fs::create_directories(to);
   write_safetensors((fs::path(to) / "model.safetensors").string(), named);
   if (fs::exists(fs::path(dir) / "config.json")) {
-    fs::copy_file(fs::path(dir) / "config.json", fs::path(to) / "config.json", fs::copy_options::overwrite_existing);
+    copy_file_atomically(fs::path(dir) / "config.json", fs::path(to) / "config.json");
   }
 }
 
-void export_run(const std::string& run_dir, const std::string& to) {
-  // Export never replaces weights already written: not the source's own, not another export's.
-  if (fs::weakly_canonical(to) == fs::weakly_canonical(run_dir)) {
-    throw InputError(fmt::format("trainer export: --to {} is the directory exported from; choose another", to));
-  }
-  // Nor another model's config.json (a directory holding pytorch_model.bin and its config).
-  for (const char* name : {"model.safetensors", "config.json"}) {
-    if (fs::exists(fs::symlink_status(fs::path(to) / name))) {
-      throw InputError(fmt::format("trainer export: {} already holds a {}; choose an empty directory", to, name));
-    }
-  }
-  if (!fs::exists(run_dir)) throw InputError(fmt::format("trainer export: {} does not exist", run_dir));
-  // The destination is made (or found) a writable directory before anything is read or written.
-  std::error_code error;
-  fs::create_directories(to, error);
-  if (error || !fs::is_directory(to) || access(to.c_str(), W_OK) != 0) {
-    throw InputError(fmt::format("trainer export: --to {}: expected a directory to write into ({})", to,
-                                 error                  ? error.message()
-                                 : fs::is_directory(to) ? "not writable"
-                                                        : "not a directory"));
-  }
+namespace {
+
+// The files an export writes into --to.
+constexpr const char* kExported[] = {"model.safetensors", "config.json"};
+
+void export_into(const std::string& run_dir, const std::string& to) {
   if (fs::exists(fs::path(run_dir) / "manifest.json")) {  // a checkpoint
     export_checkpoint(run_dir, to);
     fmt::print("exported checkpoint {} to {}\n", run_dir, to);
@@ -78,10 +66,60 @@ void export_run(const std::string& run_dir, const std::string& to) {
     throw InputError(fmt::format("{}: no model.safetensors (a run writes it when it finishes)", run_dir));
   }
   const SafetensorsReader check(weights.string());  // throws on a truncated or malformed file
-  fs::create_directories(to);
-  fs::copy_file(weights, fs::path(to) / "model.safetensors", fs::copy_options::overwrite_existing);
-  if (fs::exists(config)) fs::copy_file(config, fs::path(to) / "config.json", fs::copy_options::overwrite_existing);
+  // Each file whole or absent (the weights first: a copy stopped part-way leaves only a file of its own).
+  copy_file_atomically(weights, fs::path(to) / "model.safetensors");
+  if (fs::exists(config)) copy_file_atomically(config, fs::path(to) / "config.json");
   fmt::print("exported {} tensors to {}\n", check.names().size(), to);
+}
+
+}  // namespace
+
+void export_run(const std::string& run_dir, const std::string& to) {
+  // Export never replaces weights already written: not the source's own, not another export's.
+  if (fs::weakly_canonical(to) == fs::weakly_canonical(run_dir)) {
+    throw InputError(fmt::format("trainer export: --to {} is the directory exported from; choose another", to));
+  }
+  if (!fs::exists(run_dir)) throw InputError(fmt::format("trainer export: {} does not exist", run_dir));
+  // The destination is made (or found) a writable directory before anything is read or written.
+  std::error_code error;
+  const bool made = !fs::exists(fs::symlink_status(to, error));
+  fs::create_directories(to, error);
+  if (error || !fs::is_directory(to) || access(to.c_str(), W_OK) != 0) {
+    throw InputError(fmt::format("trainer export: --to {}: expected a directory to write into ({})", to,
+                                 error                  ? error.message()
+                                 : fs::is_directory(to) ? "not writable"
+                                                        : "not a directory"));
+  }
+  // One export at a time into --to (the hidden lock file goes with the lock): what one checks
+  // absent, another would not write meanwhile, and the files a killed export left are its own.
+  std::string holder;
+  std::optional<FileLock> lock = FileLock::take(fs::path(to) / ".export.lock", true, &holder);
+  if (!lock) {
+    throw InputError(
+        fmt::format("trainer export: --to {} is being written by another trainer export ({}); wait for "
+                    "it to end or choose another directory",
+                    to, holder));
+  }
+  for (const char* name : kExported) {
+    for (const fs::path& left : remove_files_left_beside(fs::path(to) / name)) {
+      log::info(fmt::format("{}: left by an export stopped while writing {}; removed", left.string(), name));
+    }
+  }
+  // Export never replaces another model's files (a directory holding pytorch_model.bin and its config).
+  for (const char* name : kExported) {
+    if (fs::exists(fs::symlink_status(fs::path(to) / name))) {
+      lock.reset();
+      if (made) fs::remove(to, error);
+      throw InputError(fmt::format("trainer export: {} already holds a {}; choose an empty directory", to, name));
+    }
+  }
+  try {
+    export_into(run_dir, to);
+  } catch (...) {
+    lock.reset();
+    if (made) fs::remove(to, error);  // the directory this export made, empty again: nothing was written
+    throw;
+  }
 }
 
 }  // namespace trainer

@@ -7,7 +7,11 @@ namespace trainer {
 
 /// Copies RUN_DIR's model.safetensors and config.json into `to` (created),
 /// after checking the safetensors file reads back; or, when RUN_DIR is a
-/// checkpoint, consolidates its shards. InputError if missing or corrupt.
+/// checkpoint, consolidates its shards. InputError if missing or corrupt,
+/// or when `to` holds either file already or another export is writing
+/// into it. Each file appears whole or not at all; the next export removes
+/// what an export killed part-way left, and a `to` this export made is
+/// removed again when it fails.
 void export_run(const std::string& run_dir, const std::string& to);
 
 /// Consolidates a verified checkpoint's fp32 weights into `to`

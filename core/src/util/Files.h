@@ -182,4 +182,26 @@ inline void write_file_atomically(const std::filesystem::path& path, const std::
   write_file_atomically(path, text.data(), text.size());
 }
 
+/// Copies `from` to `path` as write_file_atomically writes: into a file
+/// beside `path`, flushed, renamed over it, so that `path` is whole or as it
+/// was. A failed copy is a fault (TrainingError naming both files).
+inline void copy_file_atomically(const std::filesystem::path& from, const std::filesystem::path& path) {
+  const FileBeside temporary = create_file_beside(path);
+  close(temporary.fd);
+  std::error_code error;
+  std::filesystem::copy_file(from, temporary.path, std::filesystem::copy_options::overwrite_existing, error);
+  if (!error) {
+    const int fd = open(temporary.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL)) error = std::error_code(errno, std::generic_category());
+    if (fd >= 0) close(fd);
+  }
+  if (!error) std::filesystem::rename(temporary.path, path, error);
+  if (error) {
+    std::error_code ignored;
+    std::filesystem::remove(temporary.path, ignored);
+    throw TrainingError(path.string() + ": copying " + from.string() + " failed (" + error.message() +
+                        "); it is as it was");
+  }
+}
+
 }  // namespace trainer
