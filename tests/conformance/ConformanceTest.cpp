@@ -262,12 +262,22 @@ TEST(ConformanceReproducible, OneGradientAtEverySplitAndCopiesFail) {
 // (every Conformance.MatchesTheFp64Reference row runs the same check).
 TEST(ConformanceNegativeControl, ReplayableMicroStepsWhoseGradientsMoveFail) {
   const std::string plugin = std::string(TRAINER_FIXTURE_DIR) + "/strategies/trainer-strategy-moving-gradients.so";
-  const auto result = trainer("check-plugin " + plugin + " --split 2,4,1");
+  // The kit's scratch directory goes on every way out, a split that throws included.
+  const std::string temporary = scratch_dir("ConformanceMovingTmp");
+  auto result =
+      run_command("TMPDIR=" + temporary + " " + TRAINER_BINARY + " check-plugin " + plugin + " --split 2,4,1");
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_NE(result.output.find("strategy 'moving-gradients': declares micro-step 0 replayable (replayable_micro_step) "
                                "but a parameter's or its gradient's memory moved"),
             std::string::npos)
       << result.output;
+  EXPECT_TRUE(std::filesystem::is_empty(temporary)) << "the kit's scratch directory was left";
+  // An optimizer not found is named before the table begins, and leaves nothing either.
+  result = run_command("TMPDIR=" + temporary + " " + TRAINER_BINARY + " check-plugin ddp --optimizer nope");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("unknown optimizer plugin 'nope'"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("conformance of strategy"), std::string::npos) << result.output;
+  EXPECT_TRUE(std::filesystem::is_empty(temporary)) << "the kit's scratch directory was left";
 }
 
 // Slices that break the rule checkpoints and the final weights are built by

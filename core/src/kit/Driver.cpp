@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -157,13 +158,24 @@ void close_report(std::ofstream& report, const std::string& path) {
 
 }  // namespace
 
+// A directory of the kit's own under the temporary directory, removed on
+// every way out (a split that throws, a plugin not found, included).
+struct ScratchDir {
+  explicit ScratchDir(fs::path where) : path(std::move(where)) {}
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  ~ScratchDir() { remove_tree(path.string()); }
+  const fs::path path;
+};
+
 int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
                     const std::vector<std::string>& strategies, const std::string& executable) {
   std::ofstream report = open_report(request.report, registry.find(PluginKind::Optimizer, request.optimizer).file);
   std::vector<std::string> failed;
   // Each strategy's first split loads the checkpoint the previous
   // strategy's last split wrote: the optimizer's state across strategies.
-  const fs::path carried = fs::temp_directory_path() / fmt::format("trainer-optimizer-kit-{}", getpid());
+  const ScratchDir kit(fs::temp_directory_path() / fmt::format("trainer-optimizer-kit-{}", getpid()));
+  const fs::path& carried = kit.path;
   std::string previous;
   int rows_file = 0;
   for (const std::string& strategy : strategies) {
@@ -198,7 +210,6 @@ int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
       fs::remove(one.report);
     }
   }
-  remove_tree(carried.string());
   close_report(report, request.report);
   fmt::print("optimizer '{}': {}\n", request.optimizer,
              failed.empty() ? fmt::format("passes under {}", fmt::join(strategies, ", "))
@@ -208,7 +219,9 @@ int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
 
 int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, const std::string& executable) {
   const LoadedPlugin& plugin = registry.find(PluginKind::Strategy, request.strategy);
-  const fs::path scratch = fs::temp_directory_path() / fmt::format("trainer-conformance-{}", getpid());
+  registry.find(PluginKind::Optimizer, request.optimizer);  // named before the table begins
+  const ScratchDir kit(fs::temp_directory_path() / fmt::format("trainer-conformance-{}", getpid()));
+  const fs::path& scratch = kit.path;
   fs::create_directories(scratch);
   std::ofstream report = open_report(request.report, plugin.file);
   fmt::print(
@@ -332,7 +345,6 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
       fs::copy(previous_checkpoint, request.keep_last_checkpoint, fs::copy_options::recursive);
     }
   }
-  remove_tree(scratch.string());
   close_report(report, request.report);
   fmt::print("tolerances: gradient and norm {:.0e}, parameter change {:.0e} ({:.0e} with bf16 optimizer state); {}\n",
              kGradTolerance, kParamTolerance, kBf16StateParamTolerance, all_pass ? "all pass" : "FAILED");
