@@ -12,11 +12,12 @@
 #include <fstream>
 #include <string>
 
+#include "FuzzScratch.h"
 #include "Qwen2Config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("fuzz-hf-" + std::to_string(getpid()));
+  static const fuzz::Scratch scratch("fuzz-hf");
+  static const std::filesystem::path dir = scratch.path;
   std::filesystem::create_directories(dir);
   const std::string text(reinterpret_cast<const char*>(data), size);
   std::ofstream(dir / "config.json", std::ios::trunc) << text;
@@ -27,12 +28,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       {E{"vocab_size", int64_t(64), "default"}, E{"hidden_size", int64_t(64), "default"},
        E{"intermediate_size", int64_t(128), "default"}, E{"num_hidden_layers", int64_t(2), "default"},
        E{"num_attention_heads", int64_t(4), "default"}, E{"num_key_value_heads", int64_t(2), "default"},
-       E{"rope_theta", 10000.0, "default"}, E{"rms_norm_eps", 1e-6, "default"},
-       E{"initializer_range", 0.02, "default"}, E{"tie_word_embeddings", false, "default"},
-       E{"max_position_embeddings", int64_t(32768), "default"}, E{"hf_dir", dir.string(), "fuzz.toml:1:1"}});
+       E{"rope_theta", 10000.0, "default"}, E{"rms_norm_eps", 1e-6, "default"}, E{"initializer_range", 0.02, "default"},
+       E{"tie_word_embeddings", false, "default"}, E{"max_position_embeddings", int64_t(32768), "default"},
+       E{"hf_dir", dir.string(), "fuzz.toml:1:1"}});
   try {
     const trainer::qwen2::Config c = trainer::qwen2::read_config(options);
-    if (c.hidden_size % c.num_heads != 0 || c.num_heads % c.num_kv_heads != 0 || c.head_dim() % 2 != 0) __builtin_trap();
+    if (c.hidden_size % c.num_heads != 0 || c.num_heads % c.num_kv_heads != 0 || c.head_dim() % 2 != 0)
+      __builtin_trap();
   } catch (const std::exception&) {
   }
   try {

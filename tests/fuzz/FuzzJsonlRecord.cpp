@@ -12,7 +12,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const trainer::JsonlRecordFormat format{64, 300, true};
   try {
-    const trainer::Sample s = trainer::parse_jsonl_record(std::string(reinterpret_cast<const char*>(data), size), format);
+    const trainer::Sample s =
+        trainer::parse_jsonl_record(std::string(reinterpret_cast<const char*>(data), size), format);
     if (s.tokens.size() != s.target.size() || s.tokens.size() < 2 ||
         s.tokens.size() > static_cast<size_t>(format.seq_len + 1)) {
       __builtin_trap();

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "FuzzScratch.h"
 #include "plugin/PluginRegistry.h"
 #include "recipe/Recipe.h"
 
@@ -42,7 +43,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       at = end + 1;
     }
   }
-  static const std::string file = "/tmp/fuzz-recipe-" + std::to_string(getpid()) + ".toml";
+  static const fuzz::Scratch scratch("fuzz-recipe", ".toml");
+  const std::string& file = scratch.path;
   std::ofstream(file, std::ios::trunc) << input.substr(0, marker);
   try {
     const trainer::Recipe recipe = trainer::load_recipe(file, overrides, registry());

@@ -2,6 +2,7 @@
 // input is refused as bad input (InputError naming the file) or loads into
 // a tokenizer that encodes a fixed text into ids inside its vocabulary;
 // any other exception, a crash or a hang is a finding.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -9,14 +10,15 @@
 #include <cstdio>
 #include <string>
 
+#include "FuzzScratch.h"
 #include "trainer/Errors.h"
 #include "trainer/util/Tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string dir = [] {
-    char pattern[] = "/tmp/fuzz-tokenizer-json-XXXXXX";
-    return std::string(mkdtemp(pattern));
-  }();
+  static const fuzz::Scratch scratch("fuzz-tokenizer-json");
+  static const int made = mkdir(scratch.path.c_str(), 0700);
+  (void)made;
+  const std::string& dir = scratch.path;
   const std::string path = dir + "/tokenizer.json";
   FILE* file = std::fopen(path.c_str(), "wb");
   if (!file) return 0;
