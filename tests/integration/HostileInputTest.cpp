@@ -364,6 +364,19 @@ TEST(HostileInput, ExportNeverReplacesWeightsAlreadyWritten) {
   result = trainer("export " + dir + "/checkpoints --to " + dir + "/made");  // no weights there
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_FALSE(fs::exists(dir + "/made"));
+  // All or nothing: a second file that fails takes the first with it.
+  result = run_command("TRAINER_FAULT_INJECT=export-config " + std::string(TRAINER_BINARY) + " export " + dir +
+                       " --to " + again + "-full");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_TRUE(says(result, again + "-full/config.json: write failed")) << result.output;
+  EXPECT_FALSE(fs::exists(again + "-full"));
+  const std::string odd = scratch_dir("HiExportOddConfig");  // a run directory whose config.json is a directory
+  fs::copy_file(dir + "/model.safetensors", odd + "/model.safetensors");
+  fs::create_directories(odd + "/config.json");
+  result = trainer("export " + odd + " --to " + odd + "-hf");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, odd + "/config.json: not a regular file")) << result.output;
+  EXPECT_FALSE(fs::exists(odd + "-hf"));
   const std::string busy = scratch_dir("HiExportBusy");
   const int held = open((busy + "/.export.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);  // this test holds it
   ASSERT_EQ(flock(held, LOCK_EX | LOCK_NB), 0);

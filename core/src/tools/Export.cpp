@@ -14,6 +14,7 @@
 #include "trainer/Log.h"
 #include "trainer/util/JsonSupport.h"
 #include "trainer/util/Safetensors.h"
+#include "util/FaultInjection.h"
 #include "util/FileLock.h"
 #include "util/Files.h"
 
@@ -66,9 +67,17 @@ void export_into(const std::string& run_dir, const std::string& to) {
     throw InputError(fmt::format("{}: no model.safetensors (a run writes it when it finishes)", run_dir));
   }
   const SafetensorsReader check(weights.string());  // throws on a truncated or malformed file
+  std::error_code error;
+  const bool has_config = fs::exists(fs::symlink_status(config, error));
+  if (has_config && !fs::is_regular_file(config, error)) {
+    throw InputError(fmt::format("{}: not a regular file; expected the model's config.json", config.string()));
+  }
   // Each file whole or absent (the weights first: a copy stopped part-way leaves only a file of its own).
   copy_file_atomically(weights, fs::path(to) / "model.safetensors");
-  if (fs::exists(config)) copy_file_atomically(config, fs::path(to) / "config.json");
+  if (fault_injected("export-config")) {  // tests: the second file fails, as on a full disk
+    throw TrainingError(fmt::format("{}: write failed (injected)", (fs::path(to) / "config.json").string()));
+  }
+  if (has_config) copy_file_atomically(config, fs::path(to) / "config.json");
   fmt::print("exported {} tensors to {}\n", check.names().size(), to);
 }
 
@@ -108,16 +117,16 @@ void export_run(const std::string& run_dir, const std::string& to) {
   // Export never replaces another model's files (a directory holding pytorch_model.bin and its config).
   for (const char* name : kExported) {
     if (fs::exists(fs::symlink_status(fs::path(to) / name))) {
-      lock.reset();
-      if (made) fs::remove(to, error);
       throw InputError(fmt::format("trainer export: {} already holds a {}; choose an empty directory", to, name));
     }
   }
   try {
     export_into(run_dir, to);
   } catch (...) {
+    // All or nothing: the files found absent above that are there now are this export's.
+    for (const char* name : kExported) fs::remove(fs::path(to) / name, error);
     lock.reset();
-    if (made) fs::remove(to, error);  // the directory this export made, empty again: nothing was written
+    if (made) fs::remove(to, error);  // the directory this export made, empty again
     throw;
   }
 }

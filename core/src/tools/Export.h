@@ -9,9 +9,9 @@ namespace trainer {
 /// after checking the safetensors file reads back; or, when RUN_DIR is a
 /// checkpoint, consolidates its shards. InputError if missing or corrupt,
 /// or when `to` holds either file already or another export is writing
-/// into it. Each file appears whole or not at all; the next export removes
-/// what an export killed part-way left, and a `to` this export made is
-/// removed again when it fails.
+/// into it. An export that fails writes nothing (a `to` it made is removed
+/// again); one killed part-way leaves files of its own beside them, which
+/// the next export into `to` removes.
 void export_run(const std::string& run_dir, const std::string& to);
 
 /// Consolidates a verified checkpoint's fp32 weights into `to`

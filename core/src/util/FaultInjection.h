@@ -24,6 +24,12 @@ inline void inject_slow_write(const char* which) {
   std::this_thread::sleep_for(std::chrono::duration<double>(delay ? std::atof(delay) : 5.0));
 }
 
+/// Whether TRAINER_FAULT_INJECT is `which` (a fault the caller raises itself).
+inline bool fault_injected(const char* which) {
+  const char* fault = std::getenv("TRAINER_FAULT_INJECT");
+  return fault && std::string(fault) == which;
+}
+
 /// When TRAINER_FAULT_INJECT is "stop-rank" and this process is rank 1
 /// (RANK): stops itself with SIGSTOP after optimizer step 2, as a debugger
 /// or a job-control mistake would, leaving its peers waiting.
