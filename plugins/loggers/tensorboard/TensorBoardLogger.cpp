@@ -100,18 +100,19 @@ class TensorBoardLogger final : public Logger {
     fixed(event, now());
     bytes_field(event, 3, "brain.Event:2");
     write(event);
-    if (info.first_step > 0) {
-      std::string resumed;
-      key(resumed, 1, 1);
-      fixed(resumed, now());
-      key(resumed, 2, 0);
-      varint(resumed, static_cast<uint64_t>(info.first_step + 1));
-      std::string session_log;
-      key(session_log, 1, 0);
-      varint(session_log, 1);  // START
-      bytes_field(resumed, 6, session_log);
-      write(resumed);
-    }
+    // SessionLog START at the first step this run logs: TensorBoard drops the events of the directory's earlier
+    // files from that step on (a crashed run's steps past its checkpoint; an earlier run's, for a fresh run into
+    // the same directory, whose other files it replaces), as SummaryWriter's purge_step does.
+    std::string started;
+    key(started, 1, 1);
+    fixed(started, now());
+    key(started, 2, 0);
+    varint(started, static_cast<uint64_t>(info.first_step + 1));
+    std::string session_log;
+    key(session_log, 1, 0);
+    varint(session_log, 1);  // START
+    bytes_field(started, 6, session_log);
+    write(started);
   }
 
   void log(const StepRecord& r) override {
