@@ -2,11 +2,14 @@
 """Loads the tensorboard logger's event files with TensorBoard's own reader.
 
 Runs a short training (the quick-start recipe, on the CPU or CUDA) with the
-`tensorboard` and `jsonl` loggers, resumes it once (the event file of the
-resumed run is a second file in the same directory), then reads the
-directory with tensorboard's EventAccumulator and compares every scalar with
-metrics.jsonl (float32: the event files hold float32 values). Exit 0 when all
-agree. Where tensorboard is installed (the GPU machine):
+`tensorboard` and `jsonl` loggers for 25 steps (checkpoints at 10 and 20),
+resumes it from step 20 to 30 (the event file of the resumed run is a second
+file in the same directory; steps 21-25 of the first must be dropped), then
+reads the directory with tensorboard's EventAccumulator and compares every
+scalar with metrics.jsonl (float32: the event files hold float32 values).
+Then a fresh run of 15 steps with another learning rate into the same
+directory (run.overwrite): TensorBoard must show its 15 steps alone. Exit 0
+when all agree. Where tensorboard is installed (the GPU machine):
 
     python3 bench/tensorboard_check.py --trainer build-gpu/bin/trainer
 """
@@ -31,20 +34,8 @@ TAGS = {  # tag -> (metrics.jsonl field, scale)
 }
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trainer", default="build-gpu/bin/trainer")
-    parser.add_argument("--device", default="cpu")
-    args = parser.parse_args()
-    out = tempfile.mkdtemp(prefix="tensorboard-check-")
-    recipe = os.path.join(out, "recipe.toml")
-    with open("configs/quickstart.toml") as f, open(recipe, "w") as g:
-        g.write(f.read() + "\n[[logger]]\nname = 'tensorboard'\n\n[[logger]]\nname = 'jsonl'\n")
-    common = [args.trainer, "run", recipe, "--set", f"run.output_dir={out}/run", "--set", f"run.device={args.device}",
-              "--set", "checkpoint.interval=10"]
-    subprocess.run(common + ["--set", "training.steps=20"], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(common + ["--set", "training.steps=30", "--set", "checkpoint.resume=auto"], check=True,
-                   stdout=subprocess.DEVNULL)
+def check(out):
+    """The number of tags on which TensorBoard's reader and metrics.jsonl disagree."""
     rows = {r["step"]: r for r in map(json.loads, open(f"{out}/run/metrics.jsonl"))}
     logdir = f"{out}/run/tensorboard"
     files = sorted(os.listdir(logdir))
@@ -61,16 +52,37 @@ def main():
             continue
         events = accumulator.Scalars(tag)
         steps = [e.step for e in events]
-        if sorted(set(steps)) != sorted(rows):
-            print(f"{tag}: steps {steps[:5]}... against metrics.jsonl's {sorted(rows)[:5]}...")
+        if steps != sorted(rows):
+            print(f"{tag}: steps {steps} against metrics.jsonl's {sorted(rows)}")
             bad += 1
         worst = 0
         for e in events:
-            expected = np.float32(rows[e.step][field] * scale)
+            expected = np.float32(rows[e.step][field] * scale) if e.step in rows else np.float32("nan")
             if not (math.isclose(e.value, expected, rel_tol=0, abs_tol=0) or (math.isnan(e.value) and math.isnan(expected))):
                 worst += 1
         print(f"{tag}: {len(events)} scalars, {worst} differ from metrics.jsonl as float32")
         bad += worst > 0
+    return bad
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trainer", default="build-gpu/bin/trainer")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    out = tempfile.mkdtemp(prefix="tensorboard-check-")
+    recipe = os.path.join(out, "recipe.toml")
+    with open("configs/quickstart.toml") as f, open(recipe, "w") as g:
+        g.write(f.read() + "\n[[logger]]\nname = 'tensorboard'\n\n[[logger]]\nname = 'jsonl'\n")
+    common = [args.trainer, "run", recipe, "--set", f"run.output_dir={out}/run", "--set", f"run.device={args.device}",
+              "--set", "checkpoint.interval=10"]
+    subprocess.run(common + ["--set", "training.steps=25"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(common + ["--set", "training.steps=30", "--set", "checkpoint.resume=auto"], check=True,
+                   stdout=subprocess.DEVNULL)
+    bad = check(out)
+    subprocess.run(common + ["--set", "training.steps=15", "--set", "optimizer.lr=0.001", "--set", "run.overwrite=true",
+                             "--set", f"checkpoint.dir={out}/fresh-checkpoints"], check=True, stdout=subprocess.DEVNULL)
+    bad += check(out)
     print("PASS: TensorBoard's reader agrees with metrics.jsonl" if bad == 0 else f"FAIL: {bad} tags disagree")
     sys.exit(1 if bad else 0)
 
