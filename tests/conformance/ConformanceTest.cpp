@@ -219,6 +219,13 @@ TEST(ConformanceReport, ReportsThatCannotBeWrittenAreRefusedBeforeAnyWork) {
   EXPECT_EQ(read_file(beside), "someone's file\n");
   const std::vector<MetricsRow> rows = read_metrics(dir + "/report.jsonl");
   EXPECT_EQ(rows.size(), 4u) << "one split under each of the four strategies";
+  // A strategy not found is named before the report is opened: the earlier report stays.
+  const std::string earlier = read_file(dir + "/report.jsonl");
+  const auto unknown =
+      trainer("check-plugin adamw --strategy ddp --strategy nope --split 8,1,1 --report " + dir + "/report.jsonl");
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+  EXPECT_NE(unknown.output.find("unknown strategy plugin 'nope'"), std::string::npos) << unknown.output;
+  EXPECT_EQ(read_file(dir + "/report.jsonl"), earlier);
 }
 
 // Reproducible mode in the kit: one gradient, bit for bit, at splits across

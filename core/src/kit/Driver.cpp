@@ -170,6 +170,8 @@ struct ScratchDir {
 
 int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
                     const std::vector<std::string>& strategies, const std::string& executable) {
+  // Every plugin named before the report is opened: bad input leaves an earlier report as it was.
+  for (const std::string& strategy : strategies) registry.find(PluginKind::Strategy, strategy);
   std::ofstream report = open_report(request.report, registry.find(PluginKind::Optimizer, request.optimizer).file);
   std::vector<std::string> failed;
   // Each strategy's first split loads the checkpoint the previous
