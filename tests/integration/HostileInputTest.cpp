@@ -223,6 +223,21 @@ TEST(HostileInput, RecipeValuesThatRunWouldRejectFailBeforeTraining) {
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_TRUE(says(result, "is a file")) << result.output;
   EXPECT_FALSE(fs::exists(dir + "/out/metrics.jsonl")) << "no training step ran";
+  // A checkpoint.dir where the run writes a file, or holding the output directory, is refused before either
+  // directory is made (a directory made at out/model.safetensors would cost the run its weights).
+  for (const auto& [checkpoints, message] : std::vector<std::pair<std::string, std::string>>{
+           {dir + "/made/model.safetensors",
+            "is or lies inside the run's final weights (" + dir + "/made/model.safetensors)"},
+           {dir + "/made/profile/c", "is or lies inside the profiler's directory"},
+           {dir + "/made", "is or contains the run's output directory " + dir + "/made"},
+           {dir, "is or contains the run's output directory " + dir + "/made"}}) {
+    result = run(dir + "/made", "--set checkpoint.dir=" + checkpoints);
+    EXPECT_EQ(result.exit_code, 2) << checkpoints << "\n" << result.output;
+    EXPECT_TRUE(says(
+        result, "[checkpoint] dir: expected a directory of its own for checkpoints; " + checkpoints + " " + message))
+        << result.output;
+    EXPECT_FALSE(fs::exists(dir + "/made")) << checkpoints;
+  }
   // validate refuses what run refuses before training, the world size taken
   // from distributed.nproc: the components' own checks included.
   for (const auto& [keys, message] : std::vector<std::pair<std::string, std::string>>{

@@ -15,6 +15,7 @@
 #include "run/ForwardBackward.h"
 #include "trainer/Log.h"
 #include "util/Files.h"
+#include "util/OutputClaims.h"
 
 namespace trainer {
 
@@ -220,6 +221,24 @@ RunConfig run_config(const Recipe& recipe, int world_size) {
   if (checkpoint.dir.empty()) checkpoint.dir = (fs::path(config.output_dir) / "checkpoints").string();
   if (fs::exists(checkpoint.dir) && !fs::is_directory(checkpoint.dir)) {
     recipe.checkpoint.fail("dir", fmt::format("a directory for checkpoints; {} is a file", checkpoint.dir));
+  }
+  // Checked before either directory is made: one that holds the other would share the run's lock file, and
+  // one made where the run writes a file would cost the run that file.
+  if (path_within(config.output_dir, checkpoint.dir)) {
+    recipe.checkpoint.fail("dir", fmt::format("a directory of its own for checkpoints; {} is or contains the run's "
+                                              "output directory {}",
+                                              checkpoint.dir, config.output_dir));
+  }
+  std::vector<std::pair<fs::path, std::string>> own{{fs::path(config.output_dir) / "profile",
+                                                     "the profiler's "
+                                                     "directory"}};
+  for (const RunFile& file : kRunFiles) own.emplace_back(fs::path(config.output_dir) / file.name, file.what);
+  for (const auto& [path, what] : own) {
+    if (path_within(checkpoint.dir, path)) {
+      recipe.checkpoint.fail("dir", fmt::format("a directory of its own for checkpoints; {} is or lies inside {} "
+                                                "({})",
+                                                checkpoint.dir, what, path.string()));
+    }
   }
   checkpoint.interval = recipe.checkpoint.integer("interval");
   checkpoint.keep = recipe.checkpoint.integer("keep");

@@ -22,6 +22,11 @@ struct OutputClaim {
 /// over it) and the run's own outputs. Replaces any earlier run's claims.
 void begin_output_claims(const std::filesystem::path& output_dir, const std::vector<OutputClaim>& own);
 
+/// Whether `inner` is `outer` or lies below it, both made absolute with
+/// the symbolic links of their existing part resolved (two spellings of one
+/// file compare equal).
+bool path_within(const std::filesystem::path& inner, const std::filesystem::path& outer);
+
 /// Forgets every claim (a run's end; a later run in the process starts over).
 void end_output_claims();
 

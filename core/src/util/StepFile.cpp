@@ -52,6 +52,8 @@ bool within(const fs::path& inner, const fs::path& outer) {
 
 }  // namespace
 
+bool path_within(const fs::path& inner, const fs::path& outer) { return within(normal(inner), normal(outer)); }
+
 void begin_output_claims(const fs::path& output_dir, const std::vector<OutputClaim>& own) {
   Claims& c = claims();
   std::lock_guard<std::mutex> lock(c.mutex);
