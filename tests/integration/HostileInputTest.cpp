@@ -202,10 +202,22 @@ TEST(HostileInput, CompareMatchesStepsAndRejectsWhatItCannotCompare) {
     EXPECT_EQ(result.exit_code, 2) << rtol << "\n" << result.output;
   }
   // A shorter run compares on the steps both have, and says so.
-  write_file(b + "/metrics.jsonl", metrics.substr(0, metrics.find('\n') + 1));
+  const std::string first = metrics.substr(0, metrics.find('\n') + 1);
+  write_file(b + "/metrics.jsonl", first);
   result = trainer("compare " + a + " " + b);
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_TRUE(says(result, "1 steps are in every run")) << result.output;
+  // So does a run still writing its next record (the last line torn): that record is left out, named.
+  write_file(b + "/metrics.jsonl", first + metrics.substr(first.size(), 20));
+  result = trainer("compare " + a + " " + b);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_TRUE(says(result, b + "/metrics.jsonl:2: an incomplete last record")) << result.output;
+  EXPECT_TRUE(says(result, "1 steps are in every run")) << result.output;
+  // A malformed line before the last is bad input, by file and line.
+  write_file(b + "/metrics.jsonl", metrics.substr(first.size(), 20) + "\n" + first);
+  result = trainer("compare " + a + " " + b);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(says(result, b + "/metrics.jsonl:1: malformed metrics record")) << result.output;
 }
 
 TEST(HostileInput, RecipeValuesThatRunWouldRejectFailBeforeTraining) {

@@ -3,27 +3,39 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <limits>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "trainer/Errors.h"
+#include "trainer/Log.h"
 #include "trainer/util/JsonSupport.h"
+#include "util/Files.h"
 
 namespace trainer {
 
 std::vector<MetricsRow> read_metrics(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError(fmt::format("{}: cannot open metrics file", path));
+  const std::optional<std::string> text = read_file(path);
+  if (!text) throw InputError(fmt::format("{}: cannot open metrics file", path));
   std::vector<MetricsRow> rows;
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
+  for (size_t at = 0, number = 1; at < text->size(); ++number) {
+    const size_t end = text->find('\n', at);
+    const bool unterminated = end == std::string::npos;  // the last line, without its newline
+    const std::string line = text->substr(at, unterminated ? std::string::npos : end - at);
+    at = unterminated ? text->size() : end + 1;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     Json record;
     try {
       record = json_parse(line);
     } catch (const std::exception& error) {
+      if (unterminated) {  // a run still writing it, or one stopped while writing it
+        log::warn(
+            fmt::format("{}:{}: an incomplete last record (a run still writing it, or stopped while "
+                        "writing it); left out",
+                        path, number));
+        break;
+      }
       throw InputError(fmt::format("{}:{}: malformed metrics record: {}", path, number, error.what()));
     }
     if (!record.is_object())

@@ -12,7 +12,9 @@ namespace trainer {
 /// strings are dropped.
 using MetricsRow = std::map<std::string, double>;
 
-/// Throws InputError naming the file and line of a malformed record.
+/// Throws InputError naming the file and line of a malformed record; a
+/// last line without its newline that does not parse (a run still writing
+/// it) is left out with a warning.
 std::vector<MetricsRow> read_metrics(const std::string& path);
 
 }  // namespace trainer
