@@ -15,7 +15,6 @@
 #include "run/ForwardBackward.h"
 #include "trainer/Log.h"
 #include "util/Files.h"
-#include "util/OutputClaims.h"
 
 namespace trainer {
 
@@ -89,6 +88,13 @@ void check_outputs_spare_inputs(const Recipe& recipe, const std::string& output_
 }
 
 }  // namespace
+
+std::vector<OutputClaim> own_outputs(const fs::path& output_dir) {
+  std::vector<OutputClaim> own{{output_dir / ".trainer.lock", "the run's lock"},
+                               {output_dir / "profile", "the profiler's directory", true}};
+  for (const RunFile& file : kRunFiles) own.push_back({output_dir / file.name, file.what});
+  return own;
+}
 
 void check_earlier_results(const Recipe& recipe, const std::string& output_dir) {
   if (recipe.run.boolean("overwrite")) return;
@@ -229,15 +235,11 @@ RunConfig run_config(const Recipe& recipe, int world_size) {
                                               "output directory {}",
                                               checkpoint.dir, config.output_dir));
   }
-  std::vector<std::pair<fs::path, std::string>> own{{fs::path(config.output_dir) / "profile",
-                                                     "the profiler's "
-                                                     "directory"}};
-  for (const RunFile& file : kRunFiles) own.emplace_back(fs::path(config.output_dir) / file.name, file.what);
-  for (const auto& [path, what] : own) {
-    if (path_within(checkpoint.dir, path)) {
+  for (const OutputClaim& own : own_outputs(config.output_dir)) {
+    if (path_within(checkpoint.dir, own.path)) {
       recipe.checkpoint.fail("dir", fmt::format("a directory of its own for checkpoints; {} is or lies inside {} "
                                                 "({})",
-                                                checkpoint.dir, what, path.string()));
+                                                checkpoint.dir, own.owner, own.path.string()));
     }
   }
   checkpoint.interval = recipe.checkpoint.integer("interval");

@@ -7,12 +7,14 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <torch/types.h>
 
 #include "recipe/Recipe.h"
 #include "run/LrSchedule.h"
 #include "trainer/Strategy.h"
+#include "util/OutputClaims.h"
 
 namespace trainer {
 
@@ -83,6 +85,10 @@ inline constexpr RunFile kRunFiles[] = {{"recipe.toml", "the run's recipe.toml"}
                                         {"memory.json", "the run's memory.json"},
                                         {"model.safetensors", "the run's final weights"},
                                         {"config.json", "the run's config.json"}};
+
+/// What the run writes in `output_dir` besides its loggers' files: its
+/// lock, the profiler's directory and kRunFiles.
+std::vector<OutputClaim> own_outputs(const std::filesystem::path& output_dir);
 
 /// The run's output directory: run.output_dir, or runs/<run.name>.
 std::string output_dir_of(const Recipe& recipe);

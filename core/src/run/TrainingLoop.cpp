@@ -374,10 +374,8 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   // The loggers claim their files before anything is written; no two
   // outputs may be one file, nor a logger's one of the run's own files or
   // one it reads (`path = "../recipe.toml"` would replace the recipe).
-  std::vector<OutputClaim> own{{out / ".trainer.lock", "the run's lock"},
-                               {out / "profile", "the profiler's directory", true},
-                               {policy.dir, "checkpoint.dir", true}};
-  for (const RunFile& file : kRunFiles) own.push_back({out / file.name, file.what});
+  std::vector<OutputClaim> own = own_outputs(out);
+  own.push_back({policy.dir, "checkpoint.dir", true});
   for (const auto& [what, path] : recipe.input_files()) own.push_back({path, what + " (an input of the run)"});
   struct ClaimsScope {
     ClaimsScope(const fs::path& dir, const std::vector<OutputClaim>& own) { begin_output_claims(dir, own); }
