@@ -355,7 +355,9 @@ std::vector<EventScalars> read_events(const std::string& file) {
         w.take(8);
       } else if (type == 2) {
         const std::string inner = w.take(w.varint());
-        if (field == 6) event.session_start = inner == std::string("\x08\x01", 2);
+        // event.proto: `SessionLog session_log = 7` (6 is the deprecated LogMessage, which TensorBoard does not
+        // act on); SessionLog's `status = 1` is START = 1.
+        if (field == 7) event.session_start = inner == std::string("\x08\x01", 2);
         if (field != 5) continue;
         for (Wire summary{inner}; summary.at < inner.size();) {
           summary.varint();  // Summary.value (1, length-delimited)

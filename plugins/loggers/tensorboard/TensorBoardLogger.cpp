@@ -110,8 +110,8 @@ class TensorBoardLogger final : public Logger {
     varint(started, static_cast<uint64_t>(info.first_step + 1));
     std::string session_log;
     key(session_log, 1, 0);
-    varint(session_log, 1);  // START
-    bytes_field(started, 6, session_log);
+    varint(session_log, 1);                // START
+    bytes_field(started, 7, session_log);  // Event.session_log (field 7; 6 is log_message)
     write(started);
   }
 
