@@ -413,11 +413,8 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   GlobalBatchSampler sampler(context.seed, run.dataset->size(), run.dataset->shuffle(), position.order);
   // Every input check has passed: the run's files may be written now.
   if (run.writer) {
-    for (const RunFile& file : kRunFiles) {  // left by a run killed while writing them (this run holds the lock)
-      for (const fs::path& left : remove_files_left_beside(out / file.name)) {
-        log::info(fmt::format("{}: left by a run stopped while writing {}; removed", left.string(), file.name));
-      }
-    }
+    // Left by a run killed while writing them (this run holds the lock).
+    for (const RunFile& file : kRunFiles) remove_files_left_beside(out / file.name, "a run");
     keep_recipe_history(recipe, context.output_dir, from.empty() ? std::nullopt : Checkpointer::recipe_of(from),
                         position.step);
     write_file_atomically(out / "recipe.toml", recipe.resolved_toml());

@@ -11,7 +11,6 @@
 
 #include "checkpoint/Checkpoint.h"
 #include "trainer/Errors.h"
-#include "trainer/Log.h"
 #include "trainer/util/JsonSupport.h"
 #include "trainer/util/Safetensors.h"
 #include "util/FaultInjection.h"
@@ -109,11 +108,7 @@ void export_run(const std::string& run_dir, const std::string& to) {
                     "it to end or choose another directory",
                     to, holder));
   }
-  for (const char* name : kExported) {
-    for (const fs::path& left : remove_files_left_beside(fs::path(to) / name)) {
-      log::info(fmt::format("{}: left by an export stopped while writing {}; removed", left.string(), name));
-    }
-  }
+  for (const char* name : kExported) remove_files_left_beside(fs::path(to) / name, "an export");
   // Export never replaces another model's files (a directory holding pytorch_model.bin and its config).
   for (const char* name : kExported) {
     if (fs::exists(fs::symlink_status(fs::path(to) / name))) {

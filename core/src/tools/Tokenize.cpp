@@ -182,12 +182,7 @@ int tokenize_until_stopped(const TokenizeRequest& request) {
                     request.out, holder));
   }
   // What a tokenize killed part-way left (this one holds the lock on --out).
-  for (const fs::path& destination : {out_path, docs_path}) {
-    for (const fs::path& left : remove_files_left_beside(destination)) {
-      log::info(fmt::format("{}: left by a tokenize stopped while writing {}; removed", left.string(),
-                            destination.filename().string()));
-    }
-  }
+  for (const fs::path& destination : {out_path, docs_path}) remove_files_left_beside(destination, "a tokenize");
   // The ids and offsets go to files of this command's own beside the
   // destinations (never an existing file, whatever its name: an input named
   // like a temporary is not truncated), renamed into place once whole.

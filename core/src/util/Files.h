@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "trainer/Errors.h"
+#include "trainer/Log.h"
 
 namespace trainer {
 
@@ -122,12 +123,13 @@ inline FileBeside create_file_beside(const std::filesystem::path& path) {
 }
 
 /// Removes the files create_file_beside made beside `path`
-/// (PATH.tmp-XXXXXX, six letters or digits) and left: a process killed
-/// while writing. Only for a path whose writers the caller excludes (a run
-/// holding its directory's lock); returns the files removed.
-inline std::vector<std::filesystem::path> remove_files_left_beside(const std::filesystem::path& path) {
+/// (PATH.tmp-XXXXXX, six letters or digits) and left: `who` ("a run")
+/// killed while writing it. Each file removed is logged as left by `who`.
+/// Only for a path whose writers the caller excludes (a run holding its
+/// directory's lock).
+inline void remove_files_left_beside(const std::filesystem::path& path, const std::string& who) {
   const std::string prefix = path.filename().string() + kBesideTag;
-  std::vector<std::filesystem::path> left, removed;
+  std::vector<std::filesystem::path> left;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(path.parent_path(), error)) {
     const std::string name = entry.path().filename().string();
@@ -138,9 +140,11 @@ inline std::vector<std::filesystem::path> remove_files_left_beside(const std::fi
     }
   }
   for (const auto& file : left) {
-    if (std::filesystem::remove(file, error)) removed.push_back(file);
+    if (std::filesystem::remove(file, error)) {
+      log::info(file.string() + ": left by " + who + " stopped while writing " + path.filename().string() +
+                "; removed");
+    }
   }
-  return removed;
 }
 
 /// Writes `data` to a new file beside `path` (create_file_beside), flushes

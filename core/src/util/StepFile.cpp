@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include "trainer/Errors.h"
-#include "trainer/Log.h"
 #include "util/Files.h"
 #include "util/OutputClaims.h"
 
@@ -128,10 +127,7 @@ void StepFile::open_lines(const fs::path& path, int64_t first_step, const std::s
   path_ = path;
   // Left by a run killed while keep_steps_until rewrote this file (a logger's file has one writer: the run
   // that claimed its path).
-  for (const fs::path& left : remove_files_left_beside(path_)) {
-    log::info(
-        fmt::format("{}: left by a run stopped while writing {}; removed", left.string(), path_.filename().string()));
-  }
+  remove_files_left_beside(path_, "a run");
   if (first_step > 0 && fs::exists(path_)) {
     keep_steps_until(path_.string(), first_step, header, step_of, convert);
     out_.open(path_, std::ios::app);
