@@ -15,6 +15,7 @@
 #include "recipe/TomlText.h"
 #include "tools/Metrics.h"
 #include "trainer/Errors.h"
+#include "trainer/Log.h"
 #include "trainer/util/JsonSupport.h"
 #include "util/Files.h"
 
@@ -34,7 +35,9 @@ std::map<int64_t, MetricsRow> records_by_step(const std::string& dir) {
   if (!std::filesystem::is_regular_file(file)) {
     throw InputError(fmt::format("{}: no metrics file (is {} a run directory?)", file, dir));
   }
-  const std::vector<MetricsRow> rows = read_metrics(file);
+  std::string left_out;
+  const std::vector<MetricsRow> rows = read_metrics(file, &left_out);
+  if (!left_out.empty()) log::warn(left_out);
   if (rows.empty()) throw InputError(fmt::format("{}: no step records", file));
   std::map<int64_t, MetricsRow> by_step;
   for (size_t i = 0; i < rows.size(); ++i) {

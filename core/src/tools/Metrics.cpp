@@ -9,13 +9,12 @@
 #include <fmt/format.h>
 
 #include "trainer/Errors.h"
-#include "trainer/Log.h"
 #include "trainer/util/JsonSupport.h"
 #include "util/Files.h"
 
 namespace trainer {
 
-std::vector<MetricsRow> read_metrics(const std::string& path) {
+std::vector<MetricsRow> read_metrics(const std::string& path, std::string* left_out) {
   const std::optional<std::string> text = read_file(path);
   if (!text) throw InputError(fmt::format("{}: cannot open metrics file", path));
   std::vector<MetricsRow> rows;
@@ -30,10 +29,11 @@ std::vector<MetricsRow> read_metrics(const std::string& path) {
       record = json_parse(line);
     } catch (const std::exception& error) {
       if (unterminated) {  // a run still writing it, or one stopped while writing it
-        log::warn(
-            fmt::format("{}:{}: an incomplete last record (a run still writing it, or stopped while "
-                        "writing it); left out",
-                        path, number));
+        if (left_out != nullptr) {
+          *left_out = fmt::format(
+              "{}:{}: an incomplete last record (a run still writing it, or stopped while writing it); left out", path,
+              number);
+        }
         break;
       }
       throw InputError(fmt::format("{}:{}: malformed metrics record: {}", path, number, error.what()));

@@ -12,9 +12,10 @@ namespace trainer {
 /// strings are dropped.
 using MetricsRow = std::map<std::string, double>;
 
-/// Throws InputError naming the file and line of a malformed record; a
+/// Throws InputError naming the file and line of a malformed record. A
 /// last line without its newline that does not parse (a run still writing
-/// it) is left out with a warning.
-std::vector<MetricsRow> read_metrics(const std::string& path);
+/// it, or one stopped while writing it) is left out; when `left_out` is
+/// given it receives a sentence naming file:line, else it stays empty.
+std::vector<MetricsRow> read_metrics(const std::string& path, std::string* left_out = nullptr);
 
 }  // namespace trainer
