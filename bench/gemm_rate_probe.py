@@ -15,8 +15,20 @@ tokens): the GEMM milliseconds a step each library would spend, beside the
 rate of a square 8192^3 GEMM (bench.py's matmul rate).
 
 On the GPU machine:  python3 bench/gemm_rate_probe.py --shape 3b
+
+--sequence SECONDS then runs the GEMMs of whole micro-batches in a step's
+order (each layer's forward, the head's chunks, each layer's backward in
+reverse) for about SECONDS per library, timing each micro-batch: once with
+every layer's own operands (as a step runs them: the L2 holds none of the
+next layer's), once with layer 0's operands for every layer (the L2 warm, as
+in the timings alone). Beside the sum of the timings alone this separates
+what a sequence of shapes and a cold L2 cost; the first and last micro-batch
+of a sustained run show whether the clocks drop (log `nvidia-smi
+--query-gpu=timestamp,clocks.sm,power.draw --format=csv -lms 200` beside it:
+the probe prints the wall-clock time of each phase).
 """
 import argparse
+import time
 
 import torch
 
@@ -44,6 +56,8 @@ def main():
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--uniform", action="store_true",
                         help="uniform values in [-scale, scale) (gemm_algo_probe.cu's data) instead of normal ones")
+    parser.add_argument("--sequence", type=float, default=0.0, metavar="SECONDS",
+                        help="then time whole micro-batches of GEMMs in a step's order for about SECONDS per library")
     args = parser.parse_args()
     shape = SHAPES[args.shape]
     hidden, inter = shape["hidden_size"], shape["intermediate_size"]
@@ -108,7 +122,59 @@ def main():
     all_flops = sum(flops * count for _, flops, count, _ in cases)
     for lib in libraries:
         print(f"a step's GEMMs via {lib}: {totals[lib]:.1f} ms, {all_flops / totals[lib] / 1e9:.0f} TFLOP/s")
+    if args.sequence > 0:
+        del cases, a, b
+        sequence_check(args, libraries, totals, all_flops, linears, values, t, hidden, vocab, chunk, chunks, layers)
     torch.backends.cuda.preferred_blas_library("cublas")
+
+
+def sequence_check(args, libraries, totals, all_flops, linears, values, t, hidden, vocab, chunk, chunks, layers):
+    """Micro-batches of GEMMs in a step's order, each layer with its own operands or all with layer 0's."""
+    own = []  # per layer: {linear: (w, x, dy, grad)}
+    for _ in range(layers):
+        own.append({name: (values(n, k, scale=k ** -0.5), values(t, k), values(t, n, scale=1e-3),
+                           torch.zeros(n, k, device="cuda")) for name, (k, n, _) in linears.items()})
+    h, w = values(chunk, hidden), values(vocab, hidden, scale=hidden ** -0.5)
+    logits = torch.empty(chunk, vocab, device="cuda")
+    dlogits, wgrad = values(chunk, vocab, scale=1e-4), torch.zeros(vocab, hidden, device="cuda")
+    order = list(linears)
+
+    def micro_batch(operands):
+        for layer in operands:
+            for name in order:
+                lw, lx, _, _ = layer[name]
+                lx @ lw.t()
+        for _ in range(chunks):
+            torch.addmm(logits, h, w.t(), out_dtype=torch.float32, beta=0, out=logits)
+            dlogits @ w
+            torch.addmm(wgrad, dlogits.t(), h, out_dtype=torch.float32, out=wgrad)
+        for layer in reversed(operands):
+            for name in reversed(order):
+                lw, lx, ldy, lgrad = layer[name]
+                ldy @ lw
+                torch.addmm(lgrad, ldy.t(), lx, out_dtype=torch.float32, out=lgrad)
+
+    print(f"\nmicro-batches of GEMMs in a step's order, ~{args.sequence:g} s per library and operands "
+          f"(ms a micro-batch; alone: the sum of the timings above)")
+    print(f"{'library':9s} {'operands':9s} {'alone':>7s} {'median':>7s} {'first':>7s} {'last':>7s} "
+          f"{'vs alone':>8s} {'TFLOP/s':>8s} {'n':>4s}  wall clock")
+    for lib in libraries:
+        torch.backends.cuda.preferred_blas_library(lib)
+        for label, operands in (("own", own), ("layer 0", [own[0]] * layers)):
+            micro_batch(operands)
+            torch.cuda.synchronize()
+            began, times = time.time(), []
+            while time.time() - began < args.sequence:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                micro_batch(operands)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            median = sorted(times)[len(times) // 2]
+            print(f"{lib:9s} {label:9s} {totals[lib]:7.1f} {median:7.1f} {times[0]:7.1f} {times[-1]:7.1f} "
+                  f"{median / totals[lib]:8.3f} {all_flops / median / 1e9:8.0f} {len(times):4d}  "
+                  f"{time.strftime('%H:%M:%S', time.gmtime(began))}-{time.strftime('%H:%M:%S', time.gmtime())} UTC")
 
 
 if __name__ == "__main__":
