@@ -324,7 +324,7 @@ TEST(HostileInput, BadDataFailsAtStartNamingFileAndPlace) {
                                             "/tokens.bin'\ndtype = 'uint16'\nseq_len = 16\nvocab_size = 64\n"));
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_TRUE(says(result, "token 100 at position 15000")) << result.output;
-  EXPECT_FALSE(fs::exists(dir + "/run/metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(dir + "/run"));  // refused after it was made: removed again
   // Ids that are not integers, whatever they would round to.
   for (const std::string id : {"2.5", "\"2\"", "1e2"}) {
     write_file(dir + "/ids.jsonl", "{\"prompt_ids\": [1, " + id + "], \"completion_ids\": [3]}\n");
@@ -388,9 +388,9 @@ TEST(HostileInput, ExportNeverReplacesWeightsAlreadyWritten) {
   EXPECT_EQ(temporaries_in(again), std::vector<std::string>{});
   EXPECT_EQ(read_file(again + "/README.md"), "the user's\n");
   EXPECT_FALSE(fs::exists(again + "/.export.lock"));
-  result = trainer("export " + dir + "/checkpoints --to " + dir + "/made");  // no weights there
+  result = trainer("export " + dir + "/checkpoints --to " + dir + "/made/hf");  // no weights there
   EXPECT_EQ(result.exit_code, 2) << result.output;
-  EXPECT_FALSE(fs::exists(dir + "/made"));
+  EXPECT_FALSE(fs::exists(dir + "/made"));  // nor the missing parent it made
   // All or nothing: a second file that fails takes the first with it.
   result = run_command("TRAINER_FAULT_INJECT=export-config " + std::string(TRAINER_BINARY) + " export " + dir +
                        " --to " + again + "-full");
@@ -471,6 +471,17 @@ TEST(HostileInput, ARefusedRunLeavesTheOutputDirectoryAsItWas) {
     EXPECT_EQ(read_file(dir + "/recipe.toml"), recipe) << bad;
     EXPECT_EQ(read_file(dir + "/metrics.jsonl"), metrics) << bad;
   }
+  // Refused after set-up made the directories (the model's vocabulary below the dataset's): those it made
+  // (missing parents, a checkpoint.dir of its own) are removed again; one that was there stays, empty.
+  const std::string empty = scratch_dir("HiRefusedKeepsEmpty"), above = scratch_dir("HiRefusedKeepsAbove");
+  for (const std::string& out : {above + "/new/a", empty}) {
+    const CommandResult refused =
+        run(out, "--set model.vocab_size=8 --set checkpoint.dir=" + above + "/c --set checkpoint.interval=1");
+    EXPECT_EQ(refused.exit_code, 2) << refused.output;
+    EXPECT_TRUE(says(refused, "[model] vocab_size")) << refused.output;
+  }
+  EXPECT_TRUE(fs::is_empty(above));
+  EXPECT_TRUE(fs::is_empty(empty));
 }
 
 // Two outputs on one file, or a logger writing over one of the run's own

@@ -75,5 +75,49 @@ TEST(Files, AnAtomicWriteTouchesNoOtherFile) {
   EXPECT_EQ(info.st_mode & 0777, 0640u);
 }
 
+// MadeDirectories removes what it made, deepest first, and only while empty:
+// never a directory that was there before, nor one that holds anything.
+TEST(Files, MadeDirectoriesGoAgainUnlessKeptOrInUse) {
+  namespace fs = std::filesystem;
+  const std::string dir = scratch_dir("FilesMade");
+  {
+    MadeDirectories made;
+    std::error_code error;
+    made.create(dir + "/a/b/c/", error);  // a trailing separator, three levels missing
+    ASSERT_FALSE(error) << error.message();
+    made.create(dir + "/a/b/c/d", error);  // inside what it made
+    made.create(dir, error);               // there before: never removed
+    ASSERT_TRUE(fs::is_directory(dir + "/a/b/c/d"));
+  }
+  EXPECT_TRUE(fs::is_directory(dir));
+  EXPECT_TRUE(fs::is_empty(dir));
+  {
+    MadeDirectories made;
+    std::error_code error;
+    made.create(dir + "/x/y", error);
+    made.create(dir + "/z", error);
+    write_file(dir + "/x/note", "someone's\n");  // x holds a file: x stays, y goes
+  }
+  EXPECT_TRUE(fs::exists(dir + "/x/note"));
+  EXPECT_FALSE(fs::exists(dir + "/x/y"));
+  EXPECT_FALSE(fs::exists(dir + "/z"));
+  {
+    MadeDirectories made;
+    std::error_code error;
+    made.create("files-made-relative/k", error);  // relative to the working directory
+    ASSERT_TRUE(fs::is_directory("files-made-relative/k"));
+    made.create(dir + "/x/note/under-a-file", error);  // fails: nothing recorded
+    EXPECT_TRUE(error);
+  }
+  EXPECT_FALSE(fs::exists("files-made-relative"));
+  {
+    MadeDirectories made;
+    std::error_code error;
+    made.create(dir + "/kept/k", error);
+    made.keep();
+  }
+  EXPECT_TRUE(fs::is_directory(dir + "/kept/k"));
+}
+
 }  // namespace
 }  // namespace trainer

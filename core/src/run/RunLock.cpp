@@ -13,7 +13,7 @@ namespace {
 
 FileLock take_run_lock(const std::string& dir, const std::string& key) {
   std::string holder;
-  std::optional<FileLock> lock = FileLock::take(std::filesystem::path(dir) / ".trainer.lock", false, &holder);
+  std::optional<FileLock> lock = FileLock::take(std::filesystem::path(dir) / ".trainer.lock", true, &holder);
   if (!lock) {
     throw InputError(fmt::format("{} {} is in use by another trainer run ({}); wait for it to end or choose another {}",
                                  key, dir, holder, key));

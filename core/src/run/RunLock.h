@@ -10,9 +10,10 @@
 namespace trainer {
 
 /// Holds an exclusive flock(2) on DIR/.trainer.lock for its lifetime; the
-/// file records the holder's pid and host. The kernel drops the lock when
-/// its process dies, so a lock left by a killed run is never stale: the next
-/// run simply takes it. Movable, not copyable.
+/// file records the holder's pid and host and goes with the lock (a refused
+/// run leaves its new directory empty, to be removed). The kernel drops the
+/// lock when its process dies, so a file left by a killed run is never a
+/// stale lock: the next run simply takes it. Movable, not copyable.
 class RunLock {
  public:
   /// Throws InputError naming `key` (the recipe key that chose the

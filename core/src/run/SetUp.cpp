@@ -53,7 +53,7 @@ std::unique_ptr<Comm> connect_comm(const Recipe& recipe, const RunConfig& config
 }  // namespace
 
 RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& registry, const WorldInfo& world,
-                std::optional<RunLock>& lock, std::optional<RunLock>& checkpoint_lock) {
+                MadeDirectories& made, std::optional<RunLock>& lock, std::optional<RunLock>& checkpoint_lock) {
   RunParts run;
   run.context = Context{config.output_dir, config.device, config.seed, world.rank, world.world_size, world.local_rank};
   const Context& context = run.context;
@@ -87,7 +87,7 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
     // Locked, not yet written: recipe.toml and the loggers' files wait until every input check has passed.
     const auto make_dir = [&](const Options& section, const std::string& key, const std::string& dir) {
       std::error_code error;
-      fs::create_directories(dir, error);
+      made.create(dir, error);
       if (error || !fs::is_directory(dir)) {
         section.fail(key, fmt::format("a directory this run can create and write; {}: {}", dir,
                                       error ? error.message() : "not a directory"));

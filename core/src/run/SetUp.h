@@ -24,6 +24,7 @@
 #include "trainer/Model.h"
 #include "trainer/Optimizer.h"
 #include "trainer/Strategy.h"
+#include "util/Files.h"
 
 namespace trainer {
 
@@ -57,11 +58,12 @@ struct RunParts {
   std::unique_ptr<ForwardBackwardRunner> passes;
 };
 
-/// Set-up: the output and checkpoint directories (created and locked by
-/// rank 0; nothing written in them yet), the process group, the
-/// components, and the strategy's hold on the model, checked.
+/// Set-up: the output and checkpoint directories (created by rank 0 into
+/// `made`, which removes them again unless kept, and locked; nothing
+/// written in them yet), the process group, the components, and the
+/// strategy's hold on the model, checked.
 RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& registry, const WorldInfo& world,
-                std::optional<RunLock>& lock, std::optional<RunLock>& checkpoint_lock);
+                MadeDirectories& made, std::optional<RunLock>& lock, std::optional<RunLock>& checkpoint_lock);
 
 /// The run's description for loggers and the log.
 RunInfo describe_run(const RunConfig& config, const RunParts& run);

@@ -365,8 +365,10 @@ class PendingRecord {
 
 void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& world) {
   const RunConfig config = run_config(recipe, world.world_size);
+  // A run refused before its first file is written leaves no directory it made (after the locks go).
+  MadeDirectories made;
   std::optional<RunLock> lock, checkpoint_lock;  // held until train() returns
-  RunParts run = set_up(recipe, config, registry, world, lock, checkpoint_lock);
+  RunParts run = set_up(recipe, config, registry, world, made, lock, checkpoint_lock);
   const Context& context = run.context;
   const fs::path out(context.output_dir);
   const CheckpointPolicy& policy = config.checkpoint;
@@ -412,6 +414,7 @@ void train(const Recipe& recipe, PluginRegistry& registry, const WorldInfo& worl
   }
   GlobalBatchSampler sampler(context.seed, run.dataset->size(), run.dataset->shuffle(), position.order);
   // Every input check has passed: the run's files may be written now.
+  made.keep();
   if (run.writer) {
     // Left by a run killed while writing them (this run holds the lock).
     for (const RunFile& file : kRunFiles) remove_files_left_beside(out / file.name, "a run");

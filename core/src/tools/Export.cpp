@@ -90,8 +90,8 @@ void export_run(const std::string& run_dir, const std::string& to) {
   if (!fs::exists(run_dir)) throw InputError(fmt::format("trainer export: {} does not exist", run_dir));
   // The destination is made (or found) a writable directory before anything is read or written.
   std::error_code error;
-  const bool made = !fs::exists(fs::symlink_status(to, error));
-  fs::create_directories(to, error);
+  MadeDirectories made;  // removed again (after the lock goes) unless the export succeeds
+  made.create(to, error);
   if (error || !fs::is_directory(to) || access(to.c_str(), W_OK) != 0) {
     throw InputError(fmt::format("trainer export: --to {}: expected a directory to write into ({})", to,
                                  error                  ? error.message()
@@ -120,10 +120,9 @@ void export_run(const std::string& run_dir, const std::string& to) {
   } catch (...) {
     // All or nothing: the files found absent above that are there now are this export's.
     for (const char* name : kExported) fs::remove(fs::path(to) / name, error);
-    lock.reset();
-    if (made) fs::remove(to, error);  // the directory this export made, empty again
     throw;
   }
+  made.keep();
 }
 
 }  // namespace trainer

@@ -41,6 +41,43 @@ inline void fsync_path(const std::filesystem::path& path) {
   }
 }
 
+/// Directories a command makes for its output, removed again when it is
+/// refused: on destruction, unless kept, each directory `create` made
+/// (missing parents included) is removed deepest first while it is empty,
+/// so bad input found after the output directory was made leaves no trace.
+/// A directory that holds anything, or existed before, stays.
+class MadeDirectories {
+ public:
+  MadeDirectories() = default;
+  MadeDirectories(const MadeDirectories&) = delete;
+  MadeDirectories& operator=(const MadeDirectories&) = delete;
+  ~MadeDirectories() {
+    std::sort(made_.begin(), made_.end(), [](const auto& a, const auto& b) { return a.native() > b.native(); });
+    std::error_code error;
+    for (const std::filesystem::path& dir : made_) std::filesystem::remove(dir, error);  // fails when not empty
+  }
+  /// std::filesystem::create_directories(dir, error), remembering the
+  /// directories it made.
+  void create(const std::filesystem::path& dir, std::error_code& error) {
+    std::vector<std::filesystem::path> missing;  // deepest first
+    for (std::filesystem::path at = std::filesystem::absolute(dir, error).lexically_normal();
+         !error && at.has_relative_path(); at = at.parent_path()) {
+      if (!at.has_filename()) continue;  // "a/b/": its last element is empty
+      std::error_code status_error;
+      if (std::filesystem::exists(std::filesystem::symlink_status(at, status_error))) break;
+      missing.push_back(at);
+    }
+    if (error) return;
+    std::filesystem::create_directories(dir, error);
+    if (!error) made_.insert(made_.end(), missing.begin(), missing.end());
+  }
+  /// The command got past its checks: what it made stays.
+  void keep() { made_.clear(); }
+
+ private:
+  std::vector<std::filesystem::path> made_;
+};
+
 /// The whole content of the file at `path`; nullopt when it cannot be read
 /// (missing, a directory, no permission, an I/O error part-way).
 inline std::optional<std::string> read_file(const std::filesystem::path& path) {
