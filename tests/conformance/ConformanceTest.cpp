@@ -3,6 +3,11 @@
 // are wrong in the ways popular frameworks have been.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
+#include <chrono>
+#include <thread>
+
 #include <torch/cuda.h>
 
 #include "TestSupport.h"
@@ -226,6 +231,26 @@ TEST(ConformanceReport, ReportsThatCannotBeWrittenAreRefusedBeforeAnyWork) {
   EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
   EXPECT_NE(unknown.output.find("unknown strategy plugin 'nope'"), std::string::npos) << unknown.output;
   EXPECT_EQ(read_file(dir + "/report.jsonl"), earlier);
+  // A check stopped part-way (held still once its first split began, then killed) leaves the earlier
+  // report whole, and no file of its own beside it: the rows are written once the check ends.
+  const std::string tmp = scratch_dir("ConformanceReportTmp");
+  testing::Job check({"trainer", "check-plugin", "ddp", "--split", "8,1,1", "--report", dir + "/report.jsonl"},
+                     tmp + "/log", {"TMPDIR=" + tmp});
+  const std::filesystem::path splits = tmp + "/trainer-conformance-" + std::to_string(check.pid());
+  bool began = false;
+  for (int i = 0; i < 6000 && !began; ++i) {  // polled every 20 ms, for up to two minutes
+    std::error_code error;
+    for (const auto& entry : std::filesystem::directory_iterator(splits, error)) began = began || entry.is_directory();
+    if (!began) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(began) << read_file(tmp + "/log");
+  check.signal(SIGSTOP);
+  EXPECT_EQ(read_file(dir + "/report.jsonl"), earlier);
+  EXPECT_EQ(testing::temporaries_in(dir), std::vector<std::string>{});
+  check.signal(SIGKILL);
+  check.wait();
+  EXPECT_EQ(read_file(dir + "/report.jsonl"), earlier);
+  EXPECT_EQ(testing::temporaries_in(dir), std::vector<std::string>{});
 }
 
 // Reproducible mode in the kit: one gradient, bit for bit, at splits across

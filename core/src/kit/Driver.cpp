@@ -139,21 +139,40 @@ namespace {
 
 // --report names a file to write, checked before any work (exit 2 naming
 // it): a directory, the plugin file under test or a missing directory would
-// otherwise lose every row without a word, or replace the plugin.
-std::ofstream open_report(const std::string& path, const std::string& plugin_file) {
-  std::ofstream report;
-  if (path.empty()) return report;
+// otherwise lose every row without a word, or replace the plugin. The rows
+// are kept until the check ends and then written whole over the file: a
+// check stopped part-way (Ctrl-C, a crash) leaves an earlier report as it
+// was, and no partial one.
+struct Report {
+  std::string path;  // empty: none asked for
+  std::string rows;
+  bool wanted() const { return !path.empty(); }
+  void add(const Json& row) { rows += row.dump() + "\n"; }
+};
+
+Report open_report(const std::string& path, const std::string& plugin_file) {
+  if (path.empty()) return {};
   check_destination("--report", path, path, {{"plugin under test", plugin_file}}, "the report would replace it");
-  report.open(path, std::ios::trunc);
-  if (!report) throw InputError(fmt::format("--report {}: cannot be written ({})", path, std::strerror(errno)));
-  return report;
+  try {  // the directory takes a new file: found now, not after the work
+    const FileBeside probe = create_file_beside(path);
+    close(probe.fd);
+    std::error_code ignored;
+    fs::remove(probe.path, ignored);
+  } catch (const InputError& error) {
+    throw InputError(fmt::format("--report {}: cannot be written ({})", path, error.what()));
+  }
+  return {path, ""};
 }
 
-// The rows reached the file (a full disk shows here): a fault naming it.
-void close_report(std::ofstream& report, const std::string& path) {
-  if (!report.is_open()) return;
-  report.close();
-  if (!report) throw TrainingError(fmt::format("--report {}: write failed", path));
+// The rows reach the file whole (a full disk is a fault naming it, the
+// earlier report as it was).
+void close_report(const Report& report) {
+  if (!report.wanted()) return;
+  try {
+    write_file_atomically(report.path, report.rows);
+  } catch (const std::exception& error) {
+    throw TrainingError(fmt::format("--report {}: {}", report.path, error.what()));
+  }
 }
 
 }  // namespace
@@ -172,7 +191,7 @@ int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
                     const std::vector<std::string>& strategies, const std::string& executable) {
   // Every plugin named before the report is opened: bad input leaves an earlier report as it was.
   for (const std::string& strategy : strategies) registry.find(PluginKind::Strategy, strategy);
-  std::ofstream report = open_report(request.report, registry.find(PluginKind::Optimizer, request.optimizer).file);
+  Report report = open_report(request.report, registry.find(PluginKind::Optimizer, request.optimizer).file);
   std::vector<std::string> failed;
   // Each strategy's first split loads the checkpoint the previous
   // strategy's last split wrote: the optimizer's state across strategies.
@@ -206,13 +225,13 @@ int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
       for (std::string line; std::getline(rows, line);) {
         Json row = Json::parse(line);
         row["strategy"] = strategy;
-        report << row.dump() << "\n";
+        report.add(row);
       }
       rows.close();
       fs::remove(one.report);
     }
   }
-  close_report(report, request.report);
+  close_report(report);
   fmt::print("optimizer '{}': {}\n", request.optimizer,
              failed.empty() ? fmt::format("passes under {}", fmt::join(strategies, ", "))
                             : fmt::format("FAILED under {}", fmt::join(failed, ", ")));
@@ -225,7 +244,7 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
   const ScratchDir kit(fs::temp_directory_path() / fmt::format("trainer-conformance-{}", getpid()));
   const fs::path& scratch = kit.path;
   fs::create_directories(scratch);
-  std::ofstream report = open_report(request.report, plugin.file);
+  Report report = open_report(request.report, plugin.file);
   fmt::print(
       "conformance of strategy '{}' ({}) with optimizer '{}'\n{:<8} {:>4} {:>12} {:>12} {:>12} {:>8} {:>8}  "
       "result\n",
@@ -313,7 +332,7 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
             hash < 0 ? std::string("none: the mode stopped") : fmt::format("{:013x}", static_cast<uint64_t>(hash)),
             hash == reproducible_hash ? "bits of" : "DIFFERS from", reproducible ? "pass" : "FAIL");
       }
-      if (report.is_open()) {
+      if (report.wanted()) {
         const Json line{{"split", split.text()},
                         {"micro", split.micro},
                         {"accum", split.accum},
@@ -336,7 +355,7 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
                         {"reproducible_error", r.at("reproducible_error")},
                         {"reproducible_identical", r.at("reproducible_hash") == reproducible_hash ? 1 : 0},
                         {"pass", pass && reproducible}};
-        report << line.dump() << "\n";
+        report.add(line);
       }
     }
   }
@@ -347,7 +366,7 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
       fs::copy(previous_checkpoint, request.keep_last_checkpoint, fs::copy_options::recursive);
     }
   }
-  close_report(report, request.report);
+  close_report(report);
   fmt::print("tolerances: gradient and norm {:.0e}, parameter change {:.0e} ({:.0e} with bf16 optimizer state); {}\n",
              kGradTolerance, kParamTolerance, kBf16StateParamTolerance, all_pass ? "all pass" : "FAILED");
   return all_pass ? 0 : 1;
