@@ -397,6 +397,20 @@ TEST(HostileInput, ExportNeverReplacesWeightsAlreadyWritten) {
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_TRUE(says(result, again + "-full/config.json: write failed")) << result.output;
   EXPECT_FALSE(fs::exists(again + "-full"));
+  // Killed between its two files: the weights alone are left, and the lock's record says whose they are;
+  // the next export removes them as the killed one's and writes both.
+  const std::string killed = scratch_dir("HiExportKilled");
+  result = run_command("TRAINER_FAULT_INJECT=export-killed " + std::string(TRAINER_BINARY) + " export " + dir +
+                       " --to " + killed);
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  ASSERT_TRUE(fs::exists(killed + "/model.safetensors"));
+  ASSERT_FALSE(fs::exists(killed + "/config.json"));
+  result = trainer("export " + dir + " --to " + killed);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(says(result, killed + "/model.safetensors: left by an export stopped before it ended")) << result.output;
+  EXPECT_EQ(read_file(killed + "/model.safetensors"), weights);
+  EXPECT_EQ(read_file(killed + "/config.json"), read_file(dir + "/config.json"));
+  EXPECT_FALSE(fs::exists(killed + "/.export.lock"));
   const std::string odd = scratch_dir("HiExportOddConfig");  // a run directory whose config.json is a directory
   fs::copy_file(dir + "/model.safetensors", odd + "/model.safetensors");
   fs::create_directories(odd + "/config.json");

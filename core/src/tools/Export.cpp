@@ -2,6 +2,7 @@
 // from its shards, as a Hugging Face model directory.
 #include "tools/Export.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -11,6 +12,7 @@
 
 #include "checkpoint/Checkpoint.h"
 #include "trainer/Errors.h"
+#include "trainer/Log.h"
 #include "trainer/util/JsonSupport.h"
 #include "trainer/util/Safetensors.h"
 #include "util/FaultInjection.h"
@@ -53,6 +55,8 @@ namespace {
 
 // The files an export writes into --to.
 constexpr const char* kExported[] = {"model.safetensors", "config.json"};
+// Its lock's record while it writes them.
+constexpr const char kWriting[] = ", writing model.safetensors and config.json";
 
 void export_into(const std::string& run_dir, const std::string& to) {
   if (fs::exists(fs::path(run_dir) / "manifest.json")) {  // a checkpoint
@@ -73,7 +77,8 @@ void export_into(const std::string& run_dir, const std::string& to) {
   }
   // Each file whole or absent (the weights first: a copy stopped part-way leaves only a file of its own).
   copy_file_atomically(weights, fs::path(to) / "model.safetensors");
-  if (fault_injected("export-config")) {  // tests: the second file fails, as on a full disk
+  if (fault_injected("export-killed")) raise(SIGKILL);  // tests: stopped between the two files
+  if (fault_injected("export-config")) {                // tests: the second file fails, as on a full disk
     throw TrainingError(fmt::format("{}: write failed (injected)", (fs::path(to) / "config.json").string()));
   }
   if (has_config) copy_file_atomically(config, fs::path(to) / "config.json");
@@ -109,12 +114,23 @@ void export_run(const std::string& run_dir, const std::string& to) {
                     to, holder));
   }
   for (const char* name : kExported) remove_files_left_beside(fs::path(to) / name, "an export");
+  // An export killed between its files (its record says so: it found neither there) left them alone: its own.
+  if (lock->left_record().find(kWriting) != std::string::npos) {
+    for (const char* name : kExported) {
+      const fs::path left = fs::path(to) / name;
+      if (!fs::exists(fs::symlink_status(left, error))) continue;
+      fs::remove(left, error);
+      log::warn(fmt::format("{}: left by an export stopped before it ended ({}); removed", left.string(),
+                            lock->left_record()));
+    }
+  }
   // Export never replaces another model's files (a directory holding pytorch_model.bin and its config).
   for (const char* name : kExported) {
     if (fs::exists(fs::symlink_status(fs::path(to) / name))) {
       throw InputError(fmt::format("trainer export: {} already holds a {}; choose an empty directory", to, name));
     }
   }
+  lock->record(kWriting);  // from here until both files are in place, the files are this export's
   try {
     export_into(run_dir, to);
   } catch (...) {
@@ -122,6 +138,7 @@ void export_run(const std::string& run_dir, const std::string& to) {
     for (const char* name : kExported) fs::remove(fs::path(to) / name, error);
     throw;
   }
+  lock->record("");
   made.keep();
 }
 

@@ -47,18 +47,20 @@ class FileLock {
           locked.st_dev == named.st_dev) {
         char host[256] = "?";
         gethostname(host, sizeof(host) - 1);
-        const std::string who = "pid " + std::to_string(getpid()) + " on " + host;
-        if (ftruncate(fd, 0) == 0) {
-          const ssize_t written = pwrite(fd, who.data(), who.size(), 0);
-          (void)written;  // the record is informative; the lock itself is what counts
-        }
-        return FileLock(fd, remove_when_released ? path : std::filesystem::path());
+        FileLock lock(fd, remove_when_released ? path : std::filesystem::path());
+        lock.left_ = read_file(path).value_or("");
+        lock.who_ = "pid " + std::to_string(getpid()) + " on " + host;
+        lock.record("");
+        return lock;
       }
       close(fd);  // removed by its releasing holder after this open: take the one the path names now
     }
   }
 
-  FileLock(FileLock&& other) noexcept : fd_(other.fd_), remove_(std::move(other.remove_)) { other.fd_ = -1; }
+  FileLock(FileLock&& other) noexcept
+      : fd_(other.fd_), remove_(std::move(other.remove_)), who_(std::move(other.who_)), left_(std::move(other.left_)) {
+    other.fd_ = -1;
+  }
   FileLock& operator=(FileLock&&) = delete;
   FileLock(const FileLock&) = delete;
   ~FileLock() {
@@ -67,10 +69,27 @@ class FileLock {
     close(fd_);                                     // closing the descriptor releases the lock
   }
 
+  /// Rewrites the record: this process, then `note` (what it is doing, for
+  /// a taker after a kill to read in left_record(); "" for nothing).
+  void record(const std::string& note) {
+    const std::string text = who_ + note;
+    if (ftruncate(fd_, 0) == 0) {
+      const ssize_t written = pwrite(fd_, text.data(), text.size(), 0);
+      (void)written;  // the record is informative; the lock itself is what counts
+    }
+  }
+
+  /// What the file held when this process locked it. A file removed when
+  /// released holds a record only when its holder was killed: that
+  /// holder's record, note included; otherwise "".
+  const std::string& left_record() const { return left_; }
+
  private:
   FileLock(int fd, std::filesystem::path remove) : fd_(fd), remove_(std::move(remove)) {}
   int fd_ = -1;
   std::filesystem::path remove_;  // removed on release; empty: kept
+  std::string who_;               // "pid N on HOST"
+  std::string left_;              // the file's content when taken
 };
 
 }  // namespace trainer
