@@ -222,19 +222,12 @@ void new_plugin(const std::string& kind, const std::string& name, const std::str
   // Written beside DIR, then renamed into place: DIR is whole or absent.
   const std::filesystem::path parent = std::filesystem::absolute(target).parent_path();
   // Missing parents are made, and removed again when the project is not written.
-  std::vector<std::filesystem::path> made;
-  for (std::filesystem::path p = parent; !p.empty() && !std::filesystem::exists(p, error); p = p.parent_path()) {
-    made.push_back(p);
-    if (p == p.parent_path()) break;
-  }
-  std::filesystem::create_directories(parent, error);
+  MadeDirectories made;
+  made.create(parent, error);
   if (error || !std::filesystem::is_directory(parent, error)) {
     throw InputError(fmt::format("new-plugin: {}: cannot make the directory it goes into, {}; nothing was written", dir,
                                  parent.string()));
   }
-  const auto remove_made = [&] {
-    for (const std::filesystem::path& p : made) std::filesystem::remove(p, error);  // innermost first; only if empty
-  };
   const std::filesystem::path staging = parent / fmt::format(".{}.new-plugin-{}", target.filename().string(), getpid());
   remove_tree(staging.string());
   std::vector<std::string> written;
@@ -256,13 +249,12 @@ void new_plugin(const std::string& kind, const std::string& name, const std::str
     std::filesystem::rename(staging, target);
   } catch (const std::filesystem::filesystem_error& failure) {
     remove_tree(staging.string());
-    remove_made();
     throw InputError(fmt::format("new-plugin: cannot write {}: {}; nothing was written", dir, failure.what()));
   } catch (...) {
     remove_tree(staging.string());
-    remove_made();
     throw;
   }
+  made.keep();
   std::sort(written.begin(), written.end());
   std::cout << fmt::format("wrote {} plugin '{}' to {}:\n", kind, name, dir);
   for (const std::string& file : written) std::cout << "  " << file << "\n";
