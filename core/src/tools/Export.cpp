@@ -114,21 +114,19 @@ void export_run(const std::string& run_dir, const std::string& to) {
                     to, holder));
   }
   for (const char* name : kExported) remove_files_left_beside(fs::path(to) / name, "an export");
-  // An export killed between its files (its record says so: it found neither there) left them alone: its own.
-  if (lock->left_record().find(kWriting) != std::string::npos) {
-    for (const char* name : kExported) {
-      const fs::path left = fs::path(to) / name;
-      if (!fs::exists(fs::symlink_status(left, error))) continue;
-      fs::remove(left, error);
-      log::warn(fmt::format("{}: left by an export stopped before it ended ({}); removed", left.string(),
-                            lock->left_record()));
-    }
-  }
-  // Export never replaces another model's files (a directory holding pytorch_model.bin and its config).
+  // Export never replaces another model's files (a directory holding pytorch_model.bin and its config),
+  // but those an export killed between its files left are its own: its record says it was writing
+  // them, having found neither there.
+  const bool killed_writing = lock->left_record().find(kWriting) != std::string::npos;
   for (const char* name : kExported) {
-    if (fs::exists(fs::symlink_status(fs::path(to) / name))) {
+    const fs::path file = fs::path(to) / name;
+    if (!fs::exists(fs::symlink_status(file, error))) continue;
+    if (!killed_writing) {
       throw InputError(fmt::format("trainer export: {} already holds a {}; choose an empty directory", to, name));
     }
+    fs::remove(file, error);
+    log::warn(
+        fmt::format("{}: left by an export stopped before it ended ({}); removed", file.string(), lock->left_record()));
   }
   lock->record(kWriting);  // from here until both files are in place, the files are this export's
   try {
