@@ -231,6 +231,14 @@ TEST(ConformanceReport, ReportsThatCannotBeWrittenAreRefusedBeforeAnyWork) {
   EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
   EXPECT_NE(unknown.output.find("unknown strategy plugin 'nope'"), std::string::npos) << unknown.output;
   EXPECT_EQ(read_file(dir + "/report.jsonl"), earlier);
+  // A worker that ends without its result is a fault of the kit naming the file (exit 1), not bad input;
+  // the earlier report stays.
+  const auto lost = run_command("TRAINER_FAULT_INJECT=kit-no-report " + std::string(TRAINER_BINARY) +
+                                " check-plugin ddp --split 8,1,1 --report " + dir + "/report.jsonl");
+  EXPECT_EQ(lost.exit_code, 1) << lost.output;
+  EXPECT_NE(lost.output.find("rank0.jsonl: rank 0 of split 8x1x1 ended without its result"), std::string::npos)
+      << lost.output;
+  EXPECT_EQ(read_file(dir + "/report.jsonl"), earlier);
   // A check stopped part-way (held still once its first split began, then killed) leaves the earlier
   // report whole, and no file of its own beside it: the rows are written once the check ends.
   const std::string tmp = scratch_dir("ConformanceReportTmp");

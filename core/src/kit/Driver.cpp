@@ -25,6 +25,7 @@
 #include "trainer/Errors.h"
 #include "trainer/sharding/ShardGroups.h"
 #include "trainer/util/JsonSupport.h"
+#include "util/FaultInjection.h"
 #include "util/Files.h"
 
 namespace trainer {
@@ -132,7 +133,8 @@ void run_conformance_worker(PluginRegistry& registry, const ConformanceRequest& 
                     {"resumed_identical", row.resumed_identical},
                     {"reproducible_error", row.reproducible_error},
                     {"reproducible_hash", row.reproducible_hash}};
-  std::ofstream(rank_report) << report.dump() << "\n";
+  if (fault_injected("kit-no-report")) return;               // tests: a worker that ends without its result
+  write_file_atomically(rank_report, report.dump() + "\n");  // a failed write is a fault naming the file
 }
 
 namespace {
@@ -287,8 +289,14 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
     const std::string loaded_from = previous_checkpoint;
     previous_checkpoint = fs::exists(checkpoint) ? checkpoint.string() : "";
     for (int rank = 0; rank < split.world; ++rank) {
-      const std::vector<MetricsRow> rows = read_metrics((dir / fmt::format("rank{}.jsonl", rank)).string());
-      const MetricsRow& r = rows.at(0);
+      const fs::path rank_file = dir / fmt::format("rank{}.jsonl", rank);
+      const std::vector<MetricsRow> rows =
+          fs::exists(rank_file) ? read_metrics(rank_file.string()) : std::vector<MetricsRow>{};
+      if (rows.empty()) {  // the worker's own file: a fault of the kit, not the user's input
+        throw TrainingError(
+            fmt::format("{}: rank {} of split {} ended without its result", rank_file.string(), rank, split.text()));
+      }
+      const MetricsRow& r = rows.front();
       const bool pass = r.at("grad_error") <= kGradTolerance && r.at("norm_error") <= kGradTolerance &&
                         r.at("param_error") <= r.at("param_tolerance") && r.at("identical_to_ddp") != 0 &&
                         r.at("bf16_error") <= r.at("bf16_bound") && r.at("checkpoint_saved") == 1 &&
