@@ -433,6 +433,72 @@ TEST(GpuTraining, Fp8KeepsTransposedWeightsUnlessTheStrategyReleasesParameters) 
   }
 }
 
+// The runs in `dirs` trained the same bits as dirs[0] where two runs of
+// dirs[0]'s recipe, dirs[0] and `again`, repeat theirs, else agree within
+// that spread (at least 2^-8) by `compare`.
+void expect_the_same_bits(const std::vector<std::string>& dirs, const std::string& what);
+void expect_what_repeats(const std::vector<std::string>& dirs, const std::string& again, const std::string& what) {
+  const std::vector<double> first = column(read_metrics(dirs[0] + "/metrics.jsonl"), "loss");
+  const std::vector<double> second = column(read_metrics(again + "/metrics.jsonl"), "loss");
+  ASSERT_FALSE(first.empty()) << what;
+  ASSERT_EQ(first.size(), second.size()) << what;
+  double spread = 0.0;
+  for (size_t i = 0; i < first.size(); ++i)
+    spread = std::max(spread, std::abs(first[i] - second[i]) / std::abs(first[i]));
+  for (size_t arm = 1; arm < dirs.size(); ++arm) {
+    if (spread == 0.0) {
+      expect_the_same_bits({dirs[0], dirs[arm]}, what + ": " + dirs[arm]);
+    } else {
+      const double rtol = std::max(spread, std::ldexp(1.0, -8));
+      const auto close = trainer("compare --rtol " + std::to_string(rtol) + " " + dirs[0] + " " + dirs[arm]);
+      EXPECT_EQ(close.exit_code, 0) << what << ": " << dirs[arm] << " (two runs differ by " << spread << ")\n"
+                                    << close.output;
+    }
+  }
+}
+
+// FP8 with accumulation: a step's later micro-steps reuse the weights' casts
+// of its first (ops::Fp8WeightReuse, held to the same bits op by op in
+// OpsGpu.Fp8WeightCastsReusedWithinAStepGiveTheSameBits). The run trains
+// the bits of one that casts them at every micro-step (CUDA graphs, which
+// never reuse: a replay reads what its capture cast), with ddp and zero1,
+// and with the update run behind the next step's forward (overlap_update),
+// whose first micro-step must cast the updated weights; a stale cast kept
+// across steps would train other bits. zero3 releases its parameters
+// between uses and casts at every micro-step.
+TEST(GpuTraining, Fp8WeightCastsReusedAcrossMicroStepsTrainTheSameBits) {
+  REQUIRE_CUDA();
+  const std::string recipe_file = testing::token_file_quickstart("GpuFp8Reuse_data", 8 * 6);
+  ASSERT_FALSE(recipe_file.empty());
+  const std::string common =
+      " --set run.device=cuda --set training.steps=6 --set training.precision=fp8"
+      " --set training.micro_batch_size=2 --set training.grad_accum_steps=4";
+  const std::string reuse_line = "casts reused by its 4 micro-steps";
+  for (const std::string strategy : {"ddp", "zero1"}) {
+    std::vector<std::string> dirs;
+    std::string again;
+    for (const std::string arm : {"reused", "reused_again", "graphs", "overlapped"}) {
+      if (arm == "overlapped" && strategy != "ddp") continue;
+      const std::string dir = scratch_dir("GpuFp8Reuse_" + strategy + "_" + arm);
+      std::string extra = " --set strategy.name=" + strategy;
+      if (arm == "graphs") extra += " --set training.cuda_graphs=true";
+      if (arm == "overlapped") extra += " --set strategy.overlap_update=true";
+      const auto result = trainer("run " + recipe_file + " --set run.output_dir=" + dir + common + extra);
+      ASSERT_EQ(result.exit_code, 0) << strategy << " " << arm << "\n" << result.output;
+      EXPECT_EQ(result.output.find(reuse_line) != std::string::npos, arm != "graphs") << strategy << " " << arm << "\n"
+                                                                                      << result.output;
+      EXPECT_EQ(read_metrics(dir + "/metrics.jsonl").size(), 6u) << result.output;
+      (arm == "reused_again" ? again : dirs.emplace_back()) = dir;
+    }
+    expect_what_repeats(dirs, again, "fp8 " + strategy);
+  }
+  const std::string dir = scratch_dir("GpuFp8Reuse_zero3");
+  const auto zero3 =
+      trainer("run " + recipe_file + " --set run.output_dir=" + dir + common + " --set strategy.name=zero3");
+  ASSERT_EQ(zero3.exit_code, 0) << zero3.output;
+  EXPECT_EQ(zero3.output.find(reuse_line), std::string::npos) << zero3.output;
+}
+
 // The runs in `dirs` logged the same losses at every step (compare --rtol 0)
 // and ended with the same weights (their hash).
 void expect_the_same_bits(const std::vector<std::string>& dirs, const std::string& what) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <iterator>
 #include <limits>
+#include <optional>
 
 #include <gtest/gtest.h>
 
@@ -969,6 +970,80 @@ TEST(OpsGpu, Fp8KeptTransposedWeightsGiveTheSameBits) {
     EXPECT_LE(kept.held - recast.held, out * in + 1024) << (swiglu ? "swiglu_linear" : "linear");
   }
   ops::set_fp8_keeps_transposed_weights(true);
+}
+
+// Within an Fp8WeightReuse scope (the training loop's: a step's
+// micro-steps), each forward after the first over the same weights casts
+// them from the first's kept entry: the same outputs and gradients bit for
+// bit as casting afresh each time, for linear over weights lying back to
+// back in one storage and for swiglu_linear, one reuse a later forward.
+// None where the stacked weights are a concatenated copy (two storages),
+// none outside a scope; and weights written inside the scope (their version
+// counter) are cast again, with the new values' bits: a stale entry would
+// give the old weights' product.
+TEST(OpsGpu, Fp8WeightCastsReusedWithinAStepGiveTheSameBits) {
+  REQUIRE_CUDA();
+  ASSERT_TRUE(ops::fp8_linear_available());
+  const Fp8On on;
+  ops::set_fp8_keeps_transposed_weights(true);
+  torch::manual_seed(22);
+  const auto bf16 = torch::TensorOptions().device(kCuda).dtype(torch::kBFloat16);
+  const int64_t tokens = 208, in = 256, out = 320, micro_steps = 3;  // tiles cut at the edges
+  const torch::Tensor flat = (torch::randn({out, in}) * 0.05).to(bf16);
+  std::vector<torch::Tensor> xs, gs, dys;
+  for (int64_t m = 0; m < micro_steps; ++m) {
+    xs.push_back(torch::randn({tokens, in}).to(bf16));
+    gs.push_back(torch::randn({tokens, 2 * in}).to(bf16));
+    dys.push_back(torch::randn({tokens, out}).to(bf16));
+  }
+  struct Result {
+    std::vector<torch::Tensor> bits;
+    int64_t reused = 0;
+  };
+  // `write`: the weights scaled in place after the first micro-step.
+  const auto run = [&](bool scoped, bool swiglu, bool separate, bool write) {
+    const torch::Tensor storage = flat.clone();
+    torch::Tensor w1 = storage.narrow(0, 0, out / 2), w2 = storage.narrow(0, out / 2, out / 2);
+    w1 = (separate ? w1.clone() : w1.detach()).requires_grad_(true);
+    w2 = (separate ? w2.clone() : w2.detach()).requires_grad_(true);
+    std::optional<ops::Fp8WeightReuse> scope;
+    if (scoped) scope.emplace();
+    const int64_t before = ops::Fp8WeightReuse::reused();
+    Result r;
+    for (int64_t m = 0; m < micro_steps; ++m) {
+      const torch::Tensor x = (swiglu ? gs[m] : xs[m]).clone().requires_grad_(true);
+      const torch::Tensor y = swiglu ? ops::swiglu_linear(x, {w1, w2}) : ops::linear(x, {w1, w2});
+      y.backward(dys[m]);
+      r.bits.insert(r.bits.end(), {y, x.grad()});
+      if (write && m == 0) {
+        const torch::NoGradGuard no_grad;
+        w1.mul_(1.5);
+        w2.mul_(1.5);
+      }
+    }
+    r.bits.insert(r.bits.end(), {w1.grad(), w2.grad()});
+    r.reused = ops::Fp8WeightReuse::reused() - before;
+    return r;
+  };
+  for (const bool swiglu : {false, true}) {
+    for (const bool write : {false, true}) {
+      const std::string what = std::string(swiglu ? "swiglu_linear" : "linear") + (write ? ", weights written" : "");
+      const Result fresh = run(false, swiglu, false, write), reused = run(true, swiglu, false, write),
+                   copied = run(true, swiglu, true, write);
+      EXPECT_EQ(fresh.reused, 0) << what;
+      EXPECT_EQ(reused.reused, write ? micro_steps - 2 : micro_steps - 1) << what;
+      EXPECT_EQ(copied.reused, 0) << what << ", weights in two storages";
+      ASSERT_EQ(reused.bits.size(), fresh.bits.size());
+      for (size_t i = 0; i < fresh.bits.size(); ++i) {
+        EXPECT_TRUE(torch::equal(reused.bits[i], fresh.bits[i])) << what << ", tensor " << i;
+        EXPECT_TRUE(torch::equal(copied.bits[i], fresh.bits[i])) << what << ", tensor " << i << " (two storages)";
+      }
+    }
+  }
+  {
+    const ops::Fp8WeightReuse scope;
+    EXPECT_THROW(ops::Fp8WeightReuse{}, c10::Error) << "scopes do not nest";
+  }
 }
 
 // swiglu_linear is linear_of(swiglu, ...) bit for bit: in FP8 (where its

@@ -153,6 +153,30 @@ void set_fp8_rowwise_scaling(bool rowwise);
 /// byte a parameter of the whole model beside the shards).
 bool fp8_keeps_transposed_weights();
 void set_fp8_keeps_transposed_weights(bool keep);
+/// The FP8 weights' casts of one optimizer step, reused by its micro-steps.
+/// While a scope is open on this thread (the training loop opens one around
+/// a step's forward and backward passes, where nothing writes the weights),
+/// an FP8 forward that keeps its weights' transposed cast (above) keeps it
+/// until the scope closes, with their largest magnitude; a later forward
+/// over the same weights in the scope (the next micro-step's) casts them
+/// only as laid out, with that magnitude's scale: one read of the bf16
+/// weights and a byte written an element, where a first forward reads them
+/// twice (the amax, the cast) and writes two bytes. The same bytes either
+/// way. Only weights used in place are kept (one weight, or several lying
+/// back to back in one storage: never a concatenated copy, whose address a
+/// later copy could take), and an entry is used only while the weights'
+/// version counter is unchanged. Entries hold device memory (the
+/// transposed cast, a byte a weight element, which the forward kept for
+/// its backward anyway) until the scope closes. Scopes do not nest.
+class Fp8WeightReuse {
+ public:
+  Fp8WeightReuse();
+  ~Fp8WeightReuse();
+  Fp8WeightReuse(const Fp8WeightReuse&) = delete;
+  Fp8WeightReuse& operator=(const Fp8WeightReuse&) = delete;
+  /// Forwards, over the process, that cast their weights from a kept entry.
+  static int64_t reused();
+};
 /// Whether this build can compute linear layers in FP8 at all (CUDA kernels
 /// and LibTorch's scaled GEMM).
 bool fp8_linear_available();

@@ -165,8 +165,10 @@ torch::Tensor adjacent_view(const std::vector<torch::Tensor>& parts) {
 // The tensors stacked along dim 0: a view when they lie back to back in one
 // storage (no copy, and zero3's re-gathered storage is seen through it),
 // otherwise a concatenated copy.
-torch::Tensor stacked(const std::vector<torch::Tensor>& parts) {
+// `in_place` (when given): whether the result is that view.
+torch::Tensor stacked(const std::vector<torch::Tensor>& parts, bool* in_place = nullptr) {
   torch::Tensor view = adjacent_view(parts);
+  if (in_place != nullptr) *in_place = view.defined();
   return view.defined() ? view : torch::cat(parts, 0);
 }
 
@@ -218,9 +220,10 @@ CastAmax cast_amax(const torch::Tensor& x) {
   return CastAmax{torch::empty({1}, x.options().dtype(torch::kFloat32)), false};
 }
 
-Fp8Tensor quantize(const torch::Tensor& t, bool e5m2) {
+// With `amax` (a device float, the largest magnitude of t found before), no pass for it.
+Fp8Tensor quantize(const torch::Tensor& t, bool e5m2, const torch::Tensor& amax = torch::Tensor()) {
   const torch::Tensor x = t.contiguous();
-  const CastAmax a = cast_amax(x);
+  const CastAmax a = amax.defined() ? CastAmax{amax, true} : cast_amax(x);
   KernelLaunch launch("fp8_quantize", {x, a.amax});
   Fp8Tensor q;
   q.data = torch::empty(x.sizes(), x.options().dtype(e5m2 ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn));
@@ -294,10 +297,55 @@ struct Fp8Scales {
   bool rowwise = false;  // the product ran in FP8 with one scale per row (x, w undefined)
 };
 #ifdef TRAINER_FP8_LINEAR
-Fp8Tensor quantize_both(const torch::Tensor& t, bool e5m2, torch::Tensor* transposed, bool rows);
+Fp8Tensor quantize_both(const torch::Tensor& t, bool e5m2, torch::Tensor* transposed, bool rows,
+                        torch::Tensor* amax_out = nullptr);
 #endif
+
+// Fp8WeightReuse's entries: a forward's transposed cast of weights used in
+// place, with their largest magnitude, kept while a scope is open.
+struct KeptWeightCast {
+  torch::Tensor weights;  // the stacked weights (a view of their storage, which it keeps from reuse)
+  int64_t version = 0;    // their version counter when cast
+  torch::Tensor amax, w_t;
+};
+struct WeightReuse {
+  bool open = false;
+  std::vector<KeptWeightCast> kept;
+};
+thread_local WeightReuse g_weight_reuse;
+std::atomic<int64_t> g_weight_casts_reused{0};
+
+#ifdef TRAINER_FP8_LINEAR
+bool same_tensor(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.data_ptr() == b.data_ptr() && a.device() == b.device() && a.scalar_type() == b.scalar_type() &&
+         a.sizes() == b.sizes() && a.strides() == b.strides();
+}
+
+// The entry kept for `w`, or null: no scope open, none made, or w written since (its version counter).
+const KeptWeightCast* kept_weight_cast(const torch::Tensor& w) {
+  if (!g_weight_reuse.open) return nullptr;
+  for (const KeptWeightCast& k : g_weight_reuse.kept) {
+    if (same_tensor(k.weights, w)) return k.version == static_cast<int64_t>(w._version()) ? &k : nullptr;
+  }
+  return nullptr;
+}
+
+void keep_weight_cast(const torch::Tensor& w, const torch::Tensor& amax, const torch::Tensor& w_t) {
+  if (!g_weight_reuse.open || !amax.defined() || !w_t.defined()) return;
+  for (KeptWeightCast& k : g_weight_reuse.kept) {
+    if (same_tensor(k.weights, w)) {  // written since its entry was made
+      k = KeptWeightCast{w, static_cast<int64_t>(w._version()), amax, w_t};
+      return;
+    }
+  }
+  g_weight_reuse.kept.push_back(KeptWeightCast{w, static_cast<int64_t>(w._version()), amax, w_t});
+}
+#endif
+
+// `reusable`: w is the weights themselves or a view of their storage (not a
+// copy), so that its cast may be kept for the step (Fp8WeightReuse).
 torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                      Fp8Scales* scales = nullptr, bool keep_w_t = false) {
+                      Fp8Scales* scales = nullptr, bool keep_w_t = false, bool reusable = false) {
   const int64_t inner = w.size(1), cols = w.size(0), rows = inner > 0 ? x.numel() / inner : 0;
   if (!fp8_fits(x, rows, inner, cols) || w.scalar_type() != torch::kBFloat16) return plain_product(x, w, b);
 #ifdef TRAINER_FP8_LINEAR
@@ -316,15 +364,28 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const torc
   }
   torch::Tensor w_t;
   const Fp8Tensor xq = quantize(x.reshape({rows, inner}), false);
-  const Fp8Tensor wq =
-      keep_w_t && scales != nullptr ? quantize_both(w, false, &w_t, /*rows=*/true) : quantize(w, false);
+  Fp8Tensor wq;
+  const bool keep = keep_w_t && scales != nullptr;
+  const KeptWeightCast* kept = keep && reusable ? kept_weight_cast(w) : nullptr;
+  if (kept != nullptr) {
+    // Cast this step already: only the layout this GEMM reads, with the scale found then.
+    wq = quantize(w, false, kept->amax);
+    w_t = kept->w_t;
+    g_weight_casts_reused.fetch_add(1);
+  } else if (keep) {
+    torch::Tensor amax;
+    wq = quantize_both(w, false, &w_t, /*rows=*/true, &amax);
+    if (reusable) keep_weight_cast(w, amax, w_t);
+  } else {
+    wq = quantize(w, false);
+  }
   // The scaled GEMM takes its second operand column-major: W^T of a row-major W is.
   const torch::Tensor y = at::_scaled_mm(xq.data, wq.data.t(), xq.inverse_scale, wq.inverse_scale, bias, std::nullopt,
                                          torch::kBFloat16, /*use_fast_accum=*/true);
   if (scales != nullptr) *scales = Fp8Scales{xq.inverse_scale, wq.inverse_scale, w_t};
   return y.view(sizes);
 #else
-  (void)scales, (void)keep_w_t;
+  (void)scales, (void)keep_w_t, (void)reusable;
   return torch::Tensor();
 #endif
 }
@@ -359,7 +420,8 @@ torch::Tensor quantize_transposed(const torch::Tensor& t, bool e5m2, const torch
 // transposed (*transposed) and, with `rows`, also as laid out (the result's
 // data; undefined without): one pass for the largest magnitude (none where
 // the kernel that wrote t offered it), one that reads t once and writes both.
-Fp8Tensor quantize_both(const torch::Tensor& t, bool e5m2, torch::Tensor* transposed, bool rows) {
+Fp8Tensor quantize_both(const torch::Tensor& t, bool e5m2, torch::Tensor* transposed, bool rows,
+                        torch::Tensor* amax_out) {
   const torch::Tensor x = t.contiguous();
   const auto fp8 = x.options().dtype(e5m2 ? at::kFloat8_e5m2 : at::kFloat8_e4m3fn);
   Fp8Tensor q;
@@ -374,6 +436,7 @@ Fp8Tensor quantize_both(const torch::Tensor& t, bool e5m2, torch::Tensor* transp
                                                rows ? q.data.data_ptr() : nullptr, launch.stream()),
               "fp8_quantize_transposed: ", x.size(0), " rows exceed the kernel's grid");
   check_launch("fp8_quantize_both");
+  if (amax_out != nullptr) *amax_out = a.amax;
   return q;
 }
 #endif
@@ -538,14 +601,15 @@ struct StackedLinearFunction : torch::autograd::Function<StackedLinearFunction> 
   // `keep_w_t`: see product (false where nothing will run backward: under no_grad).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList weights,
                                at::TensorList biases, bool keep_w_t) {
-    const torch::Tensor w = stacked(weights.vec());
+    bool in_place = false;
+    const torch::Tensor w = stacked(weights.vec(), &in_place);
     const torch::Tensor b = biases.empty() ? torch::Tensor() : stacked(biases.vec());
     ctx->save_for_backward({x});
     ctx->saved_data["w"] = w;
     ctx->saved_data["weights"] = weights.vec();  // the parameters themselves, for their .grad
     ctx->saved_data["biases"] = static_cast<int64_t>(biases.size());
     Fp8Scales scales;
-    const torch::Tensor y = product(x, w, b, &scales, keep_w_t);
+    const torch::Tensor y = product(x, w, b, &scales, keep_w_t, in_place);
     ctx->saved_data["x_scale"] = scales.x;
     ctx->saved_data["w_scale"] = scales.w;
     ctx->saved_data["w_t"] = scales.w_t;
@@ -799,7 +863,8 @@ torch::Tensor linear_of_input(InputFunction f, const torch::Tensor& s, const std
   bool any = false;
   for (const torch::Tensor& t : inputs) any = any || t.requires_grad();
   if (!torch::GradMode::is_enabled() || !any) return linear(f(s, f_params), weights, biases);
-  const torch::Tensor w = stacked(weights);
+  bool in_place = false;
+  const torch::Tensor w = stacked(weights, &in_place);
   torch::Tensor y;
   Fp8Scales scales;
   {
@@ -813,7 +878,7 @@ torch::Tensor linear_of_input(InputFunction f, const torch::Tensor& s, const std
     }
 #endif
     if (!h.defined()) h = f(s, f_params);
-    y = product(h, w, biases.empty() ? torch::Tensor() : stacked(biases), &scales, keeps_w_t(weights));
+    y = product(h, w, biases.empty() ? torch::Tensor() : stacked(biases), &scales, keeps_w_t(weights), in_place);
   }
   auto node = std::make_shared<LinearOfBackward>(std::move(f), s, f_params, w, weights, !biases.empty(),
                                                  std::move(scales), std::move(known));
@@ -863,5 +928,21 @@ torch::Tensor norm_linear(const torch::Tensor& x, const torch::Tensor& norm_weig
   return linear_of_input(f, x, {norm_weight}, weights, biases,
                          KnownInput{KnownInput::Kind::rms_norm, norm_weight, {}, eps});
 }
+
+}  // namespace trainer::ops
+
+namespace trainer::ops {
+
+Fp8WeightReuse::Fp8WeightReuse() {
+  TORCH_CHECK(!g_weight_reuse.open, "Fp8WeightReuse: a scope is already open on this thread");
+  g_weight_reuse.open = true;
+}
+
+Fp8WeightReuse::~Fp8WeightReuse() {
+  g_weight_reuse.open = false;
+  g_weight_reuse.kept.clear();
+}
+
+int64_t Fp8WeightReuse::reused() { return g_weight_casts_reused.load(); }
 
 }  // namespace trainer::ops

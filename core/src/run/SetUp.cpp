@@ -202,6 +202,16 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
                     eager.empty() ? std::string("every micro-step")
                                   : fmt::format("all but the {} micro-step of a step", fmt::join(eager, " and the "))));
   }
+  // Nothing writes the weights between a step's first forward and its
+  // update, so its later micro-steps may reuse the first's casts of them:
+  // where the forwards keep their transposed casts anyway, and not from a
+  // CUDA graph (a replay reads what its capture cast).
+  run.reuse_fp8_weight_casts = config.fp8 && !config.fp8_rowwise && !released && !config.reproducible &&
+                               !config.cuda_graphs && config.shape.grad_accum_steps > 1;
+  if (run.reuse_fp8_weight_casts) {
+    log::info(fmt::format("FP8: the weights are cast once a step and the casts reused by its {} micro-steps",
+                          config.shape.grad_accum_steps));
+  }
   return run;
 }
 

@@ -45,6 +45,8 @@ struct RunParts {
   std::unique_ptr<Strategy> strategy;
   std::string dataset_name, model_name, strategy_name, optimizer_name;
   int64_t parameter_count = 0;
+  // FP8: a step's micro-steps reuse the weights' casts of its first (ops::Fp8WeightReuse).
+  bool reuse_fp8_weight_casts = false;
   // Tensor bytes live on the run's device (live_bytes) before the model is
   // made, and above that after the strategy's setup and after the first step.
   int64_t memory_baseline = 0;

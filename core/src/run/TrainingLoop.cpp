@@ -17,6 +17,7 @@
 
 #include "checkpoint/Checkpoint.h"
 #include "distributed/Rendezvous.h"
+#include "ops/Dispatch.h"
 #include "reproducible/ExactGradients.h"
 #include "reproducible/ReproducibleMode.h"
 #include "run/Collate.h"
@@ -231,6 +232,10 @@ StepOutcome optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const Upd
     // device: the same bits as dividing by N_t here.
     ForwardBackwardRunner* runner = run.passes.get();
     if (runner != nullptr) runner->begin_step(target_tokens);
+    // FP8: the weights' casts made by the first micro-step, reused by the
+    // others and released before the update writes the weights.
+    std::optional<ops::Fp8WeightReuse> reuse;
+    if (run.reuse_fp8_weight_casts) reuse.emplace();
     for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
       const MicroStep micro{m, m == shape.grad_accum_steps - 1, shape.grad_accum_steps, target_tokens};
       // Contract, point 3: divide by N_t once; nothing else scales.
@@ -246,6 +251,7 @@ StepOutcome optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const Upd
                                      : micro_step(micro_batches[m].batch);
       loss_sum += loss.to(torch::kFloat64);
     }
+    reuse.reset();
     // The loss's all-reduce runs behind the strategy's reduction and is waited for after it.
     const std::unique_ptr<CommWork> loss_reduction = comm.all_reduce_sum_async(loss_sum);
     outcome.grad_norm = strategy.reduce_gradients_and_norm();
