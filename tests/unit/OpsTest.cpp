@@ -8,6 +8,7 @@
 
 #include <torch/autograd.h>
 
+#include "ops/Dispatch.h"
 #include "trainer/Model.h"
 #include "trainer/ops/Attention.h"
 #include "trainer/ops/Linear.h"
@@ -125,6 +126,26 @@ TEST(Ops, StackedLinearEqualsSeparateLinearsWithOrWithoutAdjacentStorage) {
       EXPECT_LT(relative_error(b[i].grad(), b2[i].grad()), kFp64) << "bias " << i;
     }
   }
+}
+
+// ops::Fp8WeightReuse (the training loop's scope over a step's micro-steps)
+// changes nothing where no FP8 cast is made: linear in a scope gives the
+// bits it gives outside one, nothing is reused, scopes do not nest, and a
+// closed scope lets the next open. (Reuse itself: OpsGpu.Fp8WeightCastsReusedWithinAStepGiveTheSameBits.)
+TEST(Ops, Fp8WeightReuseScopeChangesNothingWithoutFp8) {
+  torch::manual_seed(3);
+  const torch::Tensor storage = torch::randn({4 * 5}, kF64);
+  const std::vector<torch::Tensor> w{leaf(storage.narrow(0, 0, 10).view({2, 5}).detach()),
+                                     leaf(storage.narrow(0, 10, 10).view({2, 5}).detach())};
+  const torch::Tensor x = torch::randn({3, 5}, kF64);
+  const torch::Tensor outside = ops::linear(x, w);
+  const int64_t before = ops::Fp8WeightReuse::reused();
+  for (int step = 0; step < 2; ++step) {
+    const ops::Fp8WeightReuse scope;
+    EXPECT_THROW(ops::Fp8WeightReuse{}, c10::Error) << "step " << step;
+    for (int micro = 0; micro < 3; ++micro) EXPECT_TRUE(torch::equal(ops::linear(x, w), outside)) << micro;
+  }
+  EXPECT_EQ(ops::Fp8WeightReuse::reused(), before);
 }
 
 // linear_of keeps the norm's (or SwiGLU's) input instead of its output; the
