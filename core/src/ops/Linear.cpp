@@ -929,10 +929,6 @@ torch::Tensor norm_linear(const torch::Tensor& x, const torch::Tensor& norm_weig
                          KnownInput{KnownInput::Kind::rms_norm, norm_weight, {}, eps});
 }
 
-}  // namespace trainer::ops
-
-namespace trainer::ops {
-
 Fp8WeightReuse::Fp8WeightReuse() {
   TORCH_CHECK(!g_weight_reuse.open, "Fp8WeightReuse: a scope is already open on this thread");
   g_weight_reuse.open = true;
