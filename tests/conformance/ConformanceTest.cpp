@@ -5,6 +5,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -197,6 +198,37 @@ TEST(ConformanceOptimizers, BrokenOptimizersFail) {
   }
 }
 
+// The directories under `tmp`, sorted.
+std::vector<std::string> directories_in(const std::string& tmp) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(tmp)) {
+    if (entry.is_directory()) names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Waits until `check` (a check-plugin run with TMPDIR=tmp) has begun its
+// first split in its scratch directory (trainer-conformance-PID-XXXXXX),
+// then holds it still (SIGSTOP); that directory, or "" after two minutes.
+std::string hold_once_a_split_began(testing::Job& check, const std::string& tmp) {
+  const std::string own = "trainer-conformance-" + std::to_string(check.pid()) + "-";
+  for (int i = 0; i < 6000; ++i) {  // polled every 20 ms
+    for (const std::string& name : directories_in(tmp)) {
+      if (name.rfind(own, 0) != 0) continue;
+      std::error_code error;
+      for (const auto& entry : std::filesystem::directory_iterator(tmp + "/" + name, error)) {
+        if (entry.is_directory()) {
+          check.signal(SIGSTOP);
+          return tmp + "/" + name;
+        }
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return "";
+}
+
 // --report names a file to write, checked before any work: the plugin under
 // test, a directory or a missing directory is exit 2 naming it (the rows
 // were lost without a word, or the plugin replaced). The optimizer kit's
@@ -244,21 +276,46 @@ TEST(ConformanceReport, ReportsThatCannotBeWrittenAreRefusedBeforeAnyWork) {
   const std::string tmp = scratch_dir("ConformanceReportTmp");
   testing::Job check({"trainer", "check-plugin", "ddp", "--split", "8,1,1", "--report", dir + "/report.jsonl"},
                      tmp + "/log", {"TMPDIR=" + tmp});
-  const std::filesystem::path splits = tmp + "/trainer-conformance-" + std::to_string(check.pid());
-  bool began = false;
-  for (int i = 0; i < 6000 && !began; ++i) {  // polled every 20 ms, for up to two minutes
-    std::error_code error;
-    for (const auto& entry : std::filesystem::directory_iterator(splits, error)) began = began || entry.is_directory();
-    if (!began) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_TRUE(began) << read_file(tmp + "/log");
-  check.signal(SIGSTOP);
+  ASSERT_FALSE(hold_once_a_split_began(check, tmp).empty()) << read_file(tmp + "/log");
   EXPECT_EQ(read_file(dir + "/report.jsonl"), earlier);
   EXPECT_EQ(testing::temporaries_in(dir), std::vector<std::string>{});
   check.signal(SIGKILL);
   check.wait();
   EXPECT_EQ(read_file(dir + "/report.jsonl"), earlier);
   EXPECT_EQ(testing::temporaries_in(dir), std::vector<std::string>{});
+}
+
+// A check's scratch directory outlives it only when a signal killed it, and
+// then goes with the next check's start. A check beside a running one (held
+// still) leaves that one's directory alone (its lock is held) and removes
+// its own when it ends; an older build's directory (no lock file) goes once
+// an hour old, but not a new one of the kit's names without its lock file
+// (its maker may be about to take it) nor one of other names.
+TEST(ConformanceScratch, AKilledChecksDirectoryGoesWithTheNextCheckAndARunningOnesStays) {
+  const std::string tmp = scratch_dir("ConformanceScratchTmp");
+  testing::Job check({"trainer", "check-plugin", "ddp", "--split", "8,1,1"}, tmp + "/log", {"TMPDIR=" + tmp});
+  const std::string held = hold_once_a_split_began(check, tmp);
+  ASSERT_FALSE(held.empty()) << read_file(tmp + "/log");
+  const std::string name = std::filesystem::path(held).filename().string();
+  const std::string beside = "TMPDIR=" + tmp + " " + std::string(TRAINER_BINARY) + " check-plugin ddp --split 8,1,1";
+  const auto second = run_command(beside);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_EQ(directories_in(tmp), std::vector<std::string>{name});
+  check.signal(SIGKILL);
+  check.wait();
+  ASSERT_TRUE(std::filesystem::is_directory(held + "/8x1x1")) << "the killed check's directory stays until the next";
+  const auto old = std::filesystem::file_time_type::clock::now() - std::chrono::hours(2);
+  for (const std::string other :
+       {"trainer-conformance-1", "trainer-conformance-2", "trainer-conformance-3-abcdef", "trainer-conformance-x"}) {
+    std::filesystem::create_directories(tmp + "/" + other + "/8x1x1");
+    if (other == "trainer-conformance-1" || other == "trainer-conformance-x") {
+      std::filesystem::last_write_time(tmp + "/" + other, old);
+    }
+  }
+  const auto third = run_command(beside);
+  ASSERT_EQ(third.exit_code, 0) << third.output;
+  EXPECT_EQ(directories_in(tmp), (std::vector<std::string>{"trainer-conformance-2", "trainer-conformance-3-abcdef",
+                                                           "trainer-conformance-x"}));
 }
 
 // Reproducible mode in the kit: one gradient, bit for bit, at splits across

@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +28,7 @@
 #include "trainer/sharding/ShardGroups.h"
 #include "trainer/util/JsonSupport.h"
 #include "util/FaultInjection.h"
+#include "util/FileLock.h"
 #include "util/Files.h"
 
 namespace trainer {
@@ -179,14 +182,75 @@ void close_report(const Report& report) {
 
 }  // namespace
 
-// A directory of the kit's own under the temporary directory, removed on
-// every way out (a split that throws, a plugin not found, included).
+// A directory of the kit's own under the temporary directory: a new one
+// (PREFIX-PID-XXXXXX), held by a lock file inside while the check runs and
+// removed on every way out but a signal (a split that throws, a plugin not
+// found, included). What a check killed by a signal left goes with the next
+// check's start: directories of the kit's names whose lock file it can take
+// with its holder's record in it (a lock goes with the process that held
+// it). One without a lock file, or with an empty one, is left alone for an
+// hour (its maker may be between making it and locking it; an older
+// build's directories have none).
 struct ScratchDir {
-  explicit ScratchDir(fs::path where) : path(std::move(where)) {}
+  static constexpr const char* kLockFile = ".check.lock";
+
+  explicit ScratchDir(const std::string& prefix) : path(make(prefix)), lock(take(path)) {}
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;
-  ~ScratchDir() { remove_tree(path.string()); }
+  ~ScratchDir() { remove_tree(path.string()); }  // the lock file with it, while held; the lock goes after
+
+  // Best effort: a directory another check removes at the same moment, or
+  // one that cannot be read, is passed over.
+  static void remove_abandoned(const fs::path& tmp, const std::string& prefix) {
+    std::error_code error;
+    for (const fs::directory_entry& entry : fs::directory_iterator(tmp, error)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind(prefix + "-", 0) != 0 || !kit_name(name.substr(prefix.size() + 1))) continue;
+      std::error_code ignored;
+      if (!entry.is_directory(ignored) || entry.is_symlink(ignored)) continue;
+      const fs::path lock_file = entry.path() / kLockFile;
+      try {
+        if (!fs::exists(lock_file, ignored) || fs::file_size(lock_file, ignored) == 0) {
+          const auto age = fs::file_time_type::clock::now() - fs::last_write_time(entry.path());
+          if (age > std::chrono::hours(1)) remove_tree(entry.path().string());
+          continue;
+        }
+        // Taken with its holder's record in it: that holder is gone. Taken
+        // empty: its maker may have opened it and not yet locked it.
+        std::string holder;
+        const std::optional<FileLock> left = FileLock::take(lock_file, false, &holder);
+        if (left && !left->left_record().empty()) remove_tree(entry.path().string());
+      } catch (const std::exception&) {  // removed meanwhile, or not ours to open
+      }
+    }
+  }
+  // PID-XXXXXX (this build's names) or PID (an older build's).
+  static bool kit_name(const std::string& rest) {
+    const size_t dash = rest.find('-');
+    const std::string pid = rest.substr(0, dash);
+    if (pid.empty() || !std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; })) return false;
+    return dash == std::string::npos || rest.size() - dash - 1 == 6;
+  }
+
+  static fs::path make(const std::string& prefix) {
+    const fs::path tmp = fs::temp_directory_path();
+    remove_abandoned(tmp, prefix);
+    std::string name = (tmp / fmt::format("{}-{}-XXXXXX", prefix, getpid())).string();
+    if (mkdtemp(name.data()) == nullptr) {
+      throw TrainingError(
+          fmt::format("{}: cannot make the check's scratch directory ({})", name, std::strerror(errno)));
+    }
+    return name;
+  }
+  static FileLock take(const fs::path& dir) {
+    std::string holder;
+    std::optional<FileLock> taken = FileLock::take(dir / kLockFile, /*remove_when_released=*/false, &holder);
+    if (!taken) throw TrainingError(fmt::format("{}: its new lock file is held ({})", dir.string(), holder));
+    return std::move(*taken);
+  }
+
   const fs::path path;
+  const FileLock lock;
 };
 
 int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
@@ -197,7 +261,7 @@ int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
   std::vector<std::string> failed;
   // Each strategy's first split loads the checkpoint the previous
   // strategy's last split wrote: the optimizer's state across strategies.
-  const ScratchDir kit(fs::temp_directory_path() / fmt::format("trainer-optimizer-kit-{}", getpid()));
+  const ScratchDir kit("trainer-optimizer-kit");
   const fs::path& carried = kit.path;
   std::string previous;
   int rows_file = 0;
@@ -243,7 +307,7 @@ int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
 int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, const std::string& executable) {
   const LoadedPlugin& plugin = registry.find(PluginKind::Strategy, request.strategy);
   registry.find(PluginKind::Optimizer, request.optimizer);  // named before the table begins
-  const ScratchDir kit(fs::temp_directory_path() / fmt::format("trainer-conformance-{}", getpid()));
+  const ScratchDir kit("trainer-conformance");
   const fs::path& scratch = kit.path;
   fs::create_directories(scratch);
   Report report = open_report(request.report, plugin.file);
