@@ -201,7 +201,7 @@ struct ScratchDir {
 
   // Best effort: a directory another check removes at the same moment, or
   // one that cannot be read, is passed over.
-  static void remove_abandoned(const fs::path& tmp, const std::string& prefix) {
+  static void remove_abandoned(const fs::path& tmp, const std::string& prefix) try {
     std::error_code error;
     for (const fs::directory_entry& entry : fs::directory_iterator(tmp, error)) {
       const std::string name = entry.path().filename().string();
@@ -223,6 +223,7 @@ struct ScratchDir {
       } catch (const std::exception&) {  // removed meanwhile, or not ours to open
       }
     }
+  } catch (const std::exception&) {  // the listing itself failed part-way
   }
   // PID-XXXXXX (this build's names) or PID (an older build's).
   static bool kit_name(const std::string& rest) {
@@ -242,11 +243,18 @@ struct ScratchDir {
     }
     return name;
   }
+  // The lock of a directory made just now; where it cannot be taken the
+  // directory goes (the constructor did not finish: no destructor removes it).
   static FileLock take(const fs::path& dir) {
-    std::string holder;
-    std::optional<FileLock> taken = FileLock::take(dir / kLockFile, /*remove_when_released=*/false, &holder);
-    if (!taken) throw TrainingError(fmt::format("{}: its new lock file is held ({})", dir.string(), holder));
-    return std::move(*taken);
+    try {
+      std::string holder;
+      std::optional<FileLock> taken = FileLock::take(dir / kLockFile, /*remove_when_released=*/false, &holder);
+      if (!taken) throw TrainingError(fmt::format("{}: its new lock file is held ({})", dir.string(), holder));
+      return std::move(*taken);
+    } catch (...) {
+      remove_tree(dir.string());
+      throw;
+    }
   }
 
   const fs::path path;
