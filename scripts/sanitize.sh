@@ -8,6 +8,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 "$root/scripts/setup.sh"
+# The tokenizer tests read a real tokenizer file, as in scripts/test.sh (run on its own, this script fetches it too).
+"$root/scripts/fetch-tokenizer.sh" || echo "sanitize.sh: could not fetch the Qwen3 tokenizer (see scripts/fetch-tokenizer.sh)" >&2
 flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 # vptr: LibTorch's classes carry no UBSan type information (it is not instrumented).
 flags="$flags -fno-sanitize=vptr"
