@@ -289,7 +289,6 @@ int check_optimizer(PluginRegistry& registry, const ConformanceRequest& request,
                        one.splits.end());
     }
     if (!request.report.empty()) {  // this strategy's rows, in the kit's own directory until merged below
-      fs::create_directories(carried);
       one.report = (carried / fmt::format("report-{}.jsonl", rows_file++)).string();
     }
     if (check_plugin(registry, one, executable) != 0) failed.push_back(strategy);
@@ -317,7 +316,6 @@ int check_plugin(PluginRegistry& registry, const ConformanceRequest& request, co
   registry.find(PluginKind::Optimizer, request.optimizer);  // named before the table begins
   const ScratchDir kit("trainer-conformance");
   const fs::path& scratch = kit.path;
-  fs::create_directories(scratch);
   Report report = open_report(request.report, plugin.file);
   fmt::print(
       "conformance of strategy '{}' ({}) with optimizer '{}'\n{:<8} {:>4} {:>12} {:>12} {:>12} {:>8} {:>8}  "
