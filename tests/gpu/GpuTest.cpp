@@ -464,8 +464,10 @@ void expect_what_repeats(const std::vector<std::string>& dirs, const std::string
 // never reuse: a replay reads what its capture cast), with ddp and zero1,
 // and with the update run behind the next step's forward (overlap_update),
 // whose first micro-step must cast the updated weights; a stale cast kept
-// across steps would train other bits. zero3 releases its parameters
-// between uses and casts at every micro-step.
+// across steps would train other bits. The same bits with both layouts
+// kept (training.fp8_weight_casts = "both"). zero3 releases its parameters
+// between uses and casts at every micro-step (and says that "both" keeps
+// nothing there).
 TEST(GpuTraining, Fp8WeightCastsReusedAcrossMicroStepsTrainTheSameBits) {
   REQUIRE_CUDA();
   const std::string recipe_file = testing::token_file_quickstart("GpuFp8Reuse_data", 8 * 6);
@@ -477,26 +479,33 @@ TEST(GpuTraining, Fp8WeightCastsReusedAcrossMicroStepsTrainTheSameBits) {
   for (const std::string strategy : {"ddp", "zero1"}) {
     std::vector<std::string> dirs;
     std::string again;
-    for (const std::string arm : {"reused", "reused_again", "graphs", "overlapped"}) {
-      if (arm == "overlapped" && strategy != "ddp") continue;
+    for (const std::string arm : {"reused", "reused_again", "graphs", "overlapped", "both", "both_overlapped"}) {
+      if (arm.find("overlapped") != std::string::npos && strategy != "ddp") continue;
       const std::string dir = scratch_dir("GpuFp8Reuse_" + strategy + "_" + arm);
       std::string extra = " --set strategy.name=" + strategy;
       if (arm == "graphs") extra += " --set training.cuda_graphs=true";
-      if (arm == "overlapped") extra += " --set strategy.overlap_update=true";
+      if (arm.find("overlapped") != std::string::npos) extra += " --set strategy.overlap_update=true";
+      if (arm.rfind("both", 0) == 0) extra += " --set training.fp8_weight_casts=both";
       const auto result = trainer("run " + recipe_file + " --set run.output_dir=" + dir + common + extra);
       ASSERT_EQ(result.exit_code, 0) << strategy << " " << arm << "\n" << result.output;
       EXPECT_EQ(result.output.find(reuse_line) != std::string::npos, arm != "graphs") << strategy << " " << arm << "\n"
                                                                                       << result.output;
+      EXPECT_EQ(result.output.find("both layouts kept") != std::string::npos, arm.rfind("both", 0) == 0)
+          << strategy << " " << arm << "\n"
+          << result.output;
       EXPECT_EQ(read_metrics(dir + "/metrics.jsonl").size(), 6u) << result.output;
       (arm == "reused_again" ? again : dirs.emplace_back()) = dir;
     }
     expect_what_repeats(dirs, again, "fp8 " + strategy);
   }
   const std::string dir = scratch_dir("GpuFp8Reuse_zero3");
-  const auto zero3 =
-      trainer("run " + recipe_file + " --set run.output_dir=" + dir + common + " --set strategy.name=zero3");
+  const auto zero3 = trainer("run " + recipe_file + " --set run.output_dir=" + dir + common +
+                             " --set strategy.name=zero3 --set training.fp8_weight_casts=both");
   ASSERT_EQ(zero3.exit_code, 0) << zero3.output;
   EXPECT_EQ(zero3.output.find(reuse_line), std::string::npos) << zero3.output;
+  EXPECT_NE(zero3.output.find("fp8_weight_casts = 'both' keeps nothing in this run"), std::string::npos)
+      << zero3.output;
+  EXPECT_NE(zero3.output.find("(zero3) releases parameters"), std::string::npos) << zero3.output;
 }
 
 // The runs in `dirs` logged the same losses at every step (compare --rtol 0)

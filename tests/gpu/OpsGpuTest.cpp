@@ -980,7 +980,10 @@ TEST(OpsGpu, Fp8KeptTransposedWeightsGiveTheSameBits) {
 // None where the stacked weights are a concatenated copy (two storages),
 // none outside a scope; and weights written inside the scope (their version
 // counter) are cast again, with the new values' bits: a stale entry would
-// give the old weights' product.
+// give the old weights' product. The same with Keep::both (the cast as laid
+// out kept too, training.fp8_weight_casts = "both"); what a scope holds
+// until it closes is one transposed cast of the stacked weights (a byte an
+// element), and with Keep::both the cast as laid out beside it.
 TEST(OpsGpu, Fp8WeightCastsReusedWithinAStepGiveTheSameBits) {
   REQUIRE_CUDA();
   ASSERT_TRUE(ops::fp8_linear_available());
@@ -996,18 +999,23 @@ TEST(OpsGpu, Fp8WeightCastsReusedWithinAStepGiveTheSameBits) {
     gs.push_back(torch::randn({tokens, 2 * in}).to(bf16));
     dys.push_back(torch::randn({tokens, out}).to(bf16));
   }
+  const auto allocated = [] {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device()).allocated_bytes[0].current;
+  };
+  using Keep = ops::Fp8WeightReuse::Keep;
   struct Result {
     std::vector<torch::Tensor> bits;
     int64_t reused = 0;
+    int64_t kept_bytes = 0;  // device memory the scope released when it closed
   };
   // `write`: the weights scaled in place after the first micro-step.
-  const auto run = [&](bool scoped, bool swiglu, bool separate, bool write) {
+  const auto run = [&](bool scoped, bool swiglu, bool separate, bool write, Keep keep) {
     const torch::Tensor storage = flat.clone();
     torch::Tensor w1 = storage.narrow(0, 0, out / 2), w2 = storage.narrow(0, out / 2, out / 2);
     w1 = (separate ? w1.clone() : w1.detach()).requires_grad_(true);
     w2 = (separate ? w2.clone() : w2.detach()).requires_grad_(true);
     std::optional<ops::Fp8WeightReuse> scope;
-    if (scoped) scope.emplace();
+    if (scoped) scope.emplace(keep);
     const int64_t before = ops::Fp8WeightReuse::reused();
     Result r;
     for (int64_t m = 0; m < micro_steps; ++m) {
@@ -1023,20 +1031,34 @@ TEST(OpsGpu, Fp8WeightCastsReusedWithinAStepGiveTheSameBits) {
     }
     r.bits.insert(r.bits.end(), {w1.grad(), w2.grad()});
     r.reused = ops::Fp8WeightReuse::reused() - before;
+    torch::cuda::synchronize();
+    const int64_t held = allocated();
+    scope.reset();
+    torch::cuda::synchronize();
+    r.kept_bytes = held - allocated();
     return r;
   };
-  for (const bool swiglu : {false, true}) {
-    for (const bool write : {false, true}) {
-      const std::string what = std::string(swiglu ? "swiglu_linear" : "linear") + (write ? ", weights written" : "");
-      const Result fresh = run(false, swiglu, false, write), reused = run(true, swiglu, false, write),
-                   copied = run(true, swiglu, true, write);
-      EXPECT_EQ(fresh.reused, 0) << what;
-      EXPECT_EQ(reused.reused, write ? micro_steps - 2 : micro_steps - 1) << what;
-      EXPECT_EQ(copied.reused, 0) << what << ", weights in two storages";
-      ASSERT_EQ(reused.bits.size(), fresh.bits.size());
-      for (size_t i = 0; i < fresh.bits.size(); ++i) {
-        EXPECT_TRUE(torch::equal(reused.bits[i], fresh.bits[i])) << what << ", tensor " << i;
-        EXPECT_TRUE(torch::equal(copied.bits[i], fresh.bits[i])) << what << ", tensor " << i << " (two storages)";
+  for (const Keep keep : {Keep::transposed, Keep::both}) {
+    const int64_t layouts = keep == Keep::both ? 2 : 1;
+    for (const bool swiglu : {false, true}) {
+      for (const bool write : {false, true}) {
+        const std::string what = std::string(swiglu ? "swiglu_linear" : "linear") + (write ? ", weights written" : "") +
+                                 (keep == Keep::both ? ", both kept" : "");
+        const Result fresh = run(false, swiglu, false, write, keep), reused = run(true, swiglu, false, write, keep),
+                     copied = run(true, swiglu, true, write, keep);
+        EXPECT_EQ(fresh.reused, 0) << what;
+        EXPECT_EQ(reused.reused, write ? micro_steps - 2 : micro_steps - 1) << what;
+        EXPECT_EQ(copied.reused, 0) << what << ", weights in two storages";
+        // The kept casts (a byte a weight element each), their amax and
+        // scale (the allocator rounds each to 512 bytes); nothing kept for copies.
+        EXPECT_GE(reused.kept_bytes, layouts * out * in) << what;
+        EXPECT_LE(reused.kept_bytes, layouts * out * in + 2048) << what;
+        EXPECT_EQ(copied.kept_bytes, 0) << what << ", weights in two storages";
+        ASSERT_EQ(reused.bits.size(), fresh.bits.size());
+        for (size_t i = 0; i < fresh.bits.size(); ++i) {
+          EXPECT_TRUE(torch::equal(reused.bits[i], fresh.bits[i])) << what << ", tensor " << i;
+          EXPECT_TRUE(torch::equal(copied.bits[i], fresh.bits[i])) << what << ", tensor " << i << " (two storages)";
+        }
       }
     }
   }

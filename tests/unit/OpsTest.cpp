@@ -140,8 +140,9 @@ TEST(Ops, Fp8WeightReuseScopeChangesNothingWithoutFp8) {
   const torch::Tensor x = torch::randn({3, 5}, kF64);
   const torch::Tensor outside = ops::linear(x, w);
   const int64_t before = ops::Fp8WeightReuse::reused();
-  for (int step = 0; step < 2; ++step) {
-    const ops::Fp8WeightReuse scope;
+  for (int step = 0; step < 4; ++step) {
+    const ops::Fp8WeightReuse scope(step % 2 == 0 ? ops::Fp8WeightReuse::Keep::transposed
+                                                  : ops::Fp8WeightReuse::Keep::both);
     EXPECT_THROW(ops::Fp8WeightReuse{}, c10::Error) << "step " << step;
     for (int micro = 0; micro < 3; ++micro) EXPECT_TRUE(torch::equal(ops::linear(x, w), outside)) << micro;
   }

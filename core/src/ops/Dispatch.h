@@ -167,10 +167,14 @@ void set_fp8_keeps_transposed_weights(bool keep);
 /// later copy could take), and an entry is used only while the weights'
 /// version counter is unchanged. Entries hold device memory (the
 /// transposed cast, a byte a weight element, which the forward kept for
-/// its backward anyway) until the scope closes. Scopes do not nest.
+/// its backward anyway) until the scope closes. With Keep::both they hold
+/// the cast as laid out too (another byte a weight element, from the first
+/// forward to the scope's end), and later forwards cast nothing. Scopes do
+/// not nest.
 class Fp8WeightReuse {
  public:
-  Fp8WeightReuse();
+  enum class Keep { transposed, both };
+  explicit Fp8WeightReuse(Keep keep = Keep::transposed);
   ~Fp8WeightReuse();
   Fp8WeightReuse(const Fp8WeightReuse&) = delete;
   Fp8WeightReuse& operator=(const Fp8WeightReuse&) = delete;

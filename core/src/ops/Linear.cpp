@@ -307,9 +307,11 @@ struct KeptWeightCast {
   torch::Tensor weights;  // the stacked weights (a view of their storage, which it keeps from reuse)
   int64_t version = 0;    // their version counter when cast
   torch::Tensor amax, w_t;
+  Fp8Tensor w;  // the cast as laid out, where the scope keeps it too (Fp8WeightReuse::Keep::both)
 };
 struct WeightReuse {
   bool open = false;
+  bool both = false;  // keep the cast as laid out as well
   std::vector<KeptWeightCast> kept;
 };
 thread_local WeightReuse g_weight_reuse;
@@ -330,15 +332,17 @@ const KeptWeightCast* kept_weight_cast(const torch::Tensor& w) {
   return nullptr;
 }
 
-void keep_weight_cast(const torch::Tensor& w, const torch::Tensor& amax, const torch::Tensor& w_t) {
+void keep_weight_cast(const torch::Tensor& w, const torch::Tensor& amax, const torch::Tensor& w_t,
+                      const Fp8Tensor& wq) {
   if (!g_weight_reuse.open || !amax.defined() || !w_t.defined()) return;
+  KeptWeightCast entry{w, static_cast<int64_t>(w._version()), amax, w_t, g_weight_reuse.both ? wq : Fp8Tensor{}};
   for (KeptWeightCast& k : g_weight_reuse.kept) {
     if (same_tensor(k.weights, w)) {  // written since its entry was made
-      k = KeptWeightCast{w, static_cast<int64_t>(w._version()), amax, w_t};
+      k = std::move(entry);
       return;
     }
   }
-  g_weight_reuse.kept.push_back(KeptWeightCast{w, static_cast<int64_t>(w._version()), amax, w_t});
+  g_weight_reuse.kept.push_back(std::move(entry));
 }
 #endif
 
@@ -368,14 +372,15 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& w, const torc
   const bool keep = keep_w_t && scales != nullptr;
   const KeptWeightCast* kept = keep && reusable ? kept_weight_cast(w) : nullptr;
   if (kept != nullptr) {
-    // Cast this step already: only the layout this GEMM reads, with the scale found then.
-    wq = quantize(w, false, kept->amax);
+    // Cast this step already: the cast as laid out where kept too, else
+    // only the layout this GEMM reads, with the scale found then.
+    wq = kept->w.data.defined() ? kept->w : quantize(w, false, kept->amax);
     w_t = kept->w_t;
     g_weight_casts_reused.fetch_add(1);
   } else if (keep) {
     torch::Tensor amax;
     wq = quantize_both(w, false, &w_t, /*rows=*/true, &amax);
-    if (reusable) keep_weight_cast(w, amax, w_t);
+    if (reusable) keep_weight_cast(w, amax, w_t, wq);
   } else {
     wq = quantize(w, false);
   }
@@ -929,13 +934,15 @@ torch::Tensor norm_linear(const torch::Tensor& x, const torch::Tensor& norm_weig
                          KnownInput{KnownInput::Kind::rms_norm, norm_weight, {}, eps});
 }
 
-Fp8WeightReuse::Fp8WeightReuse() {
+Fp8WeightReuse::Fp8WeightReuse(Keep keep) {
   TORCH_CHECK(!g_weight_reuse.open, "Fp8WeightReuse: a scope is already open on this thread");
   g_weight_reuse.open = true;
+  g_weight_reuse.both = keep == Keep::both;
 }
 
 Fp8WeightReuse::~Fp8WeightReuse() {
   g_weight_reuse.open = false;
+  g_weight_reuse.both = false;
   g_weight_reuse.kept.clear();
 }
 

@@ -46,6 +46,13 @@ constexpr KeySpec kTrainingKeys[] = {
      "gradient scaled per token and per channel, so an outlying token or channel costs only its own precision; "
      "the weight gradient in bf16 with fp32 accumulation; slower)",
      -kInf, kInf, "tensorwise|rowwise"},
+    {"fp8_weight_casts", VT::String, "'transposed'",
+     "precision = 'fp8' (tensorwise) with grad_accum_steps > 1: the weights' E4M3 casts that a step's first "
+     "micro-step keeps for the others (the weights do not change within a step): transposed (the input gradient's "
+     "layout, held for the backward anyway; each later forward casts the weights again as laid out) or both (that "
+     "layout too: another byte a weight element held through the step, no cast in later forwards); the same bits "
+     "either way; no effect under cuda_graphs, zero3 or reproducible mode",
+     -kInf, kInf, "transposed|both"},
     {"gemm_library", VT::String, "'cublaslt-timed'",
      "on CUDA in bf16: the linear layers' and the head's GEMMs through the project's cuBLASLt calls (cublaslt: "
      "the heuristic's first algorithm; cublaslt-timed: the fastest of its first eight that writes the first's bits, "

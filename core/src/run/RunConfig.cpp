@@ -169,6 +169,15 @@ RunConfig run_config(const Recipe& recipe, int world_size) {
                                      "FP8's, and this run computes in {}",
                                      precision, precision));
   }
+  config.fp8_keep_both_casts = recipe.training.text("fp8_weight_casts") == "both";
+  if (config.fp8_keep_both_casts && (!config.fp8 || config.fp8_rowwise)) {
+    recipe.training.fail("fp8_weight_casts",
+                         config.fp8 ? std::string("'transposed' (the default) with training.fp8_scaling = 'rowwise' "
+                                                  "(rowwise scaling casts the weights at every forward and keeps none)")
+                                    : fmt::format("'transposed' (the default) with training.precision = '{}': the "
+                                                  "casts are FP8's, and this run computes in {}",
+                                                  precision, precision));
+  }
   if (config.fp8) {
     if (config.device != "cuda") {
       recipe.training.fail("precision",

@@ -59,6 +59,7 @@ struct RunConfig {
   torch::Dtype compute_dtype = torch::kFloat32;  ///< training.precision (bf16 for "fp8")
   bool fp8 = false;                              ///< training.precision = "fp8": linear layers in FP8
   bool fp8_rowwise = false;                      ///< training.fp8_scaling = "rowwise"
+  bool fp8_keep_both_casts = false;              ///< training.fp8_weight_casts = "both"
   bool lt_gemms = true;                          ///< training.gemm_library = "cublaslt" or "cublaslt-timed"
   bool lt_gemm_timing = true;                    ///< training.gemm_library = "cublaslt-timed"
   bool reproducible = false;

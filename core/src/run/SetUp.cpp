@@ -208,9 +208,20 @@ RunParts set_up(const Recipe& recipe, const RunConfig& config, PluginRegistry& r
   // CUDA graph (a replay reads what its capture cast).
   run.reuse_fp8_weight_casts = config.fp8 && !config.fp8_rowwise && !released && !config.reproducible &&
                                !config.cuda_graphs && config.shape.grad_accum_steps > 1;
+  run.reuse_keeps_both_casts = run.reuse_fp8_weight_casts && config.fp8_keep_both_casts;
   if (run.reuse_fp8_weight_casts) {
-    log::info(fmt::format("FP8: the weights are cast once a step and the casts reused by its {} micro-steps",
-                          config.shape.grad_accum_steps));
+    log::info(
+        fmt::format("FP8: the weights are cast once a step and the casts reused by its {} micro-steps{}",
+                    config.shape.grad_accum_steps,
+                    run.reuse_keeps_both_casts ? " (both layouts kept: a byte a weight element more memory)" : ""));
+  } else if (config.fp8_keep_both_casts) {
+    log::warn(fmt::format(
+        "training.fp8_weight_casts = 'both' keeps nothing in this run: no cast is reused across "
+        "micro-steps {}",
+        config.shape.grad_accum_steps == 1 ? std::string("with grad_accum_steps = 1")
+        : config.cuda_graphs               ? std::string("under training.cuda_graphs (a replay reads what its "
+                                                                       "capture cast)")
+                             : fmt::format("where the strategy ({}) releases parameters", run.strategy_name)));
   }
   return run;
 }

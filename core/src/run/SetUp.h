@@ -47,6 +47,7 @@ struct RunParts {
   int64_t parameter_count = 0;
   // FP8: a step's micro-steps reuse the weights' casts of its first (ops::Fp8WeightReuse).
   bool reuse_fp8_weight_casts = false;
+  bool reuse_keeps_both_casts = false;  // training.fp8_weight_casts = "both": the row-major cast kept too
   // Tensor bytes live on the run's device (live_bytes) before the model is
   // made, and above that after the strategy's setup and after the first step.
   int64_t memory_baseline = 0;

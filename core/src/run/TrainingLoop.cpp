@@ -235,7 +235,10 @@ StepOutcome optimizer_step(RunParts& run, GlobalBatchSampler& sampler, const Upd
     // FP8: the weights' casts made by the first micro-step, reused by the
     // others and released before the update writes the weights.
     std::optional<ops::Fp8WeightReuse> reuse;
-    if (run.reuse_fp8_weight_casts) reuse.emplace();
+    if (run.reuse_fp8_weight_casts) {
+      reuse.emplace(run.reuse_keeps_both_casts ? ops::Fp8WeightReuse::Keep::both
+                                               : ops::Fp8WeightReuse::Keep::transposed);
+    }
     for (int64_t m = 0; m < shape.grad_accum_steps; ++m) {
       const MicroStep micro{m, m == shape.grad_accum_steps - 1, shape.grad_accum_steps, target_tokens};
       // Contract, point 3: divide by N_t once; nothing else scales.
